@@ -1,0 +1,304 @@
+// Mutable n-gram cache (llama.cpp's context and dynamic caches).
+//
+// A flat open-addressing table maps a key to a part index; parts live in fixed-size
+// segments, so growing the cache never moves or copies a part and drafting can hold
+// plain references to them. A part keeps its (token, count) entries in first-seen
+// order (the order the tie rule needs) plus their running sum and maximum, which lets
+// the threshold tests of drafting decide most steps before looking at a candidate.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <new>
+#include <utility>
+#include <stdexcept>
+#include <vector>
+
+#include "ngram.hpp"
+
+namespace ngramcache {
+
+struct Entry {
+    token_t token;
+    int32_t count;
+};
+
+class Part {
+public:
+    Part() = default;
+    Part(const Part&) = delete;
+    Part& operator=(const Part&) = delete;
+    ~Part() { release(); }
+
+    uint32_t size() const { return size_; }
+    const Entry* begin() const { return data(); }
+    const Entry* end() const { return data() + size_; }
+    const Entry& operator[](uint32_t i) const { return data()[i]; }
+    int64_t sum() const { return sum_; }
+    int32_t max_count() const { return max_; }
+
+    // Count of `tok` in this part, 0 if absent.
+    int32_t count_of(token_t tok) const {
+        int64_t i = find(tok);
+        return i < 0 ? 0 : data()[i].count;
+    }
+
+    // Adds `count` observations of `tok`; a new token goes to the end (first-seen order).
+    void add(token_t tok, int32_t count) {
+        int64_t i = find(tok);
+        if (i >= 0) {
+            Entry& e = data()[i];
+            if (e.count > std::numeric_limits<int32_t>::max() - count)
+                throw std::overflow_error("n-gram count exceeds the int32 range of lookup.bin");
+            e.count += count;
+            if (e.count > max_) max_ = e.count;
+        } else {
+            push(Entry{tok, count});
+        }
+        sum_ += count;
+    }
+
+    // Appends `tok` without looking for it first (the caller knows it is new).
+    void add_new(token_t tok, int32_t count) {
+        push(Entry{tok, count});
+        sum_ += count;
+    }
+
+    void clear() {
+        release();
+        size_ = 0;
+        cap_ = 1;
+        sum_ = 0;
+        max_ = 0;
+    }
+
+private:
+    // Large parts (a common 1-gram can have thousands of continuations) get a token
+    // index so that update stays O(1); small parts are scanned, which is faster.
+    static constexpr uint32_t kIndexFrom = 16;
+
+    Entry* data() { return cap_ <= 1 ? &inline_ : heap_; }
+    const Entry* data() const { return cap_ <= 1 ? &inline_ : heap_; }
+
+    int64_t find(token_t tok) const {
+        const Entry* d = data();
+        if (index_ == nullptr) {
+            for (uint32_t i = 0; i < size_; ++i)
+                if (d[i].token == tok) return i;
+            return -1;
+        }
+        for (uint32_t h = slot_of(tok);; h = (h + 1) & index_mask_) {
+            uint32_t v = index_[h];
+            if (v == 0) return -1;
+            if (d[v - 1].token == tok) return v - 1;
+        }
+    }
+
+    uint32_t slot_of(token_t tok) const {
+        return static_cast<uint32_t>((static_cast<uint64_t>(static_cast<uint32_t>(tok)) *
+                                      0x9E3779B97F4A7C15ull) >> 32) & index_mask_;
+    }
+
+    void push(Entry e) {
+        if (size_ == cap_) grow();
+        data()[size_] = e;
+        ++size_;
+        if (e.count > max_) max_ = e.count;
+        if (index_ != nullptr) {
+            if (2 * size_ > index_mask_ + 1) rebuild_index(2 * (index_mask_ + 1));
+            else index_insert(size_ - 1);
+        } else if (size_ > kIndexFrom) {
+            rebuild_index(4 * kIndexFrom);
+        }
+    }
+
+    void grow() {
+        uint32_t ncap = cap_ < 2 ? 2 : cap_ * 2;
+        Entry* nd = static_cast<Entry*>(std::malloc(sizeof(Entry) * ncap));
+        if (nd == nullptr) throw std::bad_alloc();
+        const Entry* od = data();
+        for (uint32_t i = 0; i < size_; ++i) nd[i] = od[i];
+        if (cap_ > 1) std::free(heap_);
+        heap_ = nd;
+        cap_ = ncap;
+    }
+
+    void rebuild_index(uint32_t slots) {
+        std::free(index_);
+        index_ = static_cast<uint32_t*>(std::calloc(slots, sizeof(uint32_t)));
+        if (index_ == nullptr) throw std::bad_alloc();
+        index_mask_ = slots - 1;
+        for (uint32_t i = 0; i < size_; ++i) index_insert(i);
+    }
+
+    void index_insert(uint32_t i) {
+        uint32_t h = slot_of(data()[i].token);
+        while (index_[h] != 0) h = (h + 1) & index_mask_;
+        index_[h] = i + 1;
+    }
+
+    void release() {
+        if (cap_ > 1) std::free(heap_);
+        std::free(index_);
+        index_ = nullptr;
+        index_mask_ = 0;
+    }
+
+    union {
+        Entry inline_;   // the usual single continuation lives here, no allocation
+        Entry* heap_;
+    };
+    uint32_t size_ = 0;
+    uint32_t cap_ = 1;
+    int64_t sum_ = 0;
+    uint32_t* index_ = nullptr;  // open addressing: entry index + 1, 0 = empty
+    uint32_t index_mask_ = 0;
+    int32_t max_ = 0;
+};
+
+class NgramCache {
+public:
+    NgramCache() { clear(); }
+    NgramCache(const NgramCache&) = delete;
+    NgramCache& operator=(const NgramCache&) = delete;
+
+    size_t size() const { return keys_.size(); }
+    const Ngram& key_at(size_t i) const { return keys_[i]; }
+    const Part& part_at(size_t i) const { return part_ref(i); }
+
+    const Part* find(const Ngram& k) const {
+        const uint64_t h = hash_ngram(k);
+        const uint32_t fp = static_cast<uint32_t>(h >> 32);
+        for (size_t s = h & mask_;; s = (s + 1) & mask_) {
+            const uint64_t v = slots_[s];
+            if (v == 0) return nullptr;
+            if (static_cast<uint32_t>(v >> 32) == fp) {
+                const uint32_t idx = static_cast<uint32_t>(v) - 1;
+                if (keys_[idx] == k) return &part_ref(idx);
+            }
+        }
+    }
+
+    // The part for `k`, created empty if absent.
+    Part& get_or_insert(const Ngram& k) {
+        const uint64_t h = hash_ngram(k);
+        const uint32_t fp = static_cast<uint32_t>(h >> 32);
+        size_t s = h & mask_;
+        for (;; s = (s + 1) & mask_) {
+            const uint64_t v = slots_[s];
+            if (v == 0) break;
+            if (static_cast<uint32_t>(v >> 32) == fp) {
+                const uint32_t idx = static_cast<uint32_t>(v) - 1;
+                if (keys_[idx] == k) return part_ref(idx);
+            }
+        }
+        if (keys_.size() >= std::numeric_limits<uint32_t>::max() - 1)
+            throw std::length_error("n-gram cache holds too many keys");
+        const uint32_t idx = static_cast<uint32_t>(keys_.size());
+        if (idx % kSegment == 0) segments_.emplace_back(new Part[kSegment]);
+        keys_.push_back(k);
+        slots_[s] = (static_cast<uint64_t>(fp) << 32) | (idx + 1);
+        if (4 * (keys_.size() + 1) > 3 * slots_.size()) rehash(2 * slots_.size());
+        return part_ref(idx);
+    }
+
+    // llama.cpp's common_ngram_cache_update: the observations ending in the last `nnew`
+    // tokens, for every n-gram size in [ngram_min, ngram_max].
+    void update(const token_t* inp, size_t n_inp, int ngram_min, int ngram_max, size_t nnew) {
+        check_sizes(ngram_min, ngram_max);
+        if (nnew > n_inp) nnew = n_inp;
+        for (int n = ngram_min; n <= ngram_max; ++n) {
+            size_t i_start = n_inp - nnew;
+            if (i_start < static_cast<size_t>(n)) i_start = n;
+            for (size_t i = i_start; i < n_inp; ++i)
+                get_or_insert(Ngram(inp + i - n, n)).add(inp[i], 1);
+        }
+    }
+
+    // llama.cpp's common_ngram_cache_merge: counts are summed; new keys and tokens are
+    // appended in `add`'s order.
+    void merge(const NgramCache& add) {
+        if (&add == this) {  // doubling: iterate over a snapshot of the sizes
+            for (size_t i = 0; i < keys_.size(); ++i) {
+                Part& p = part_ref(i);
+                const uint32_t n = p.size();
+                for (uint32_t j = 0; j < n; ++j) p.add(p[j].token, p[j].count);
+            }
+            return;
+        }
+        reserve(keys_.size() + add.size());
+        for (size_t i = 0; i < add.size(); ++i) {
+            const Part& src = add.part_at(i);
+            Part& dst = get_or_insert(add.key_at(i));
+            for (const Entry& e : src) dst.add(e.token, e.count);
+        }
+    }
+
+    void reserve(size_t n_keys) {
+        size_t want = slots_.size();
+        while (4 * (n_keys + 1) > 3 * want) want *= 2;
+        if (want != slots_.size()) rehash(want);
+        keys_.reserve(n_keys);
+    }
+
+    void swap(NgramCache& o) noexcept {
+        slots_.swap(o.slots_);
+        std::swap(mask_, o.mask_);
+        keys_.swap(o.keys_);
+        segments_.swap(o.segments_);
+    }
+
+    void clear() {
+        keys_.clear();
+        keys_.shrink_to_fit();
+        segments_.clear();
+        slots_.assign(kInitialSlots, 0);
+        mask_ = kInitialSlots - 1;
+    }
+
+    // Bytes held (approximate: table, keys, parts and their heap entries).
+    size_t memory_bytes() const {
+        size_t b = slots_.capacity() * sizeof(uint64_t) + keys_.capacity() * sizeof(Ngram) +
+                   segments_.size() * kSegment * sizeof(Part);
+        for (size_t i = 0; i < keys_.size(); ++i) {
+            const Part& p = part_ref(i);
+            if (p.size() > 1) b += sizeof(Entry) * p.size();
+        }
+        return b;
+    }
+
+    static void check_sizes(int ngram_min, int ngram_max) {
+        if (ngram_min < 1 || ngram_max > kNgramMax || ngram_min > ngram_max)
+            throw InputError("need 1 <= ngram_min <= ngram_max <= 4, got ngram_min=" +
+                             std::to_string(ngram_min) + ", ngram_max=" + std::to_string(ngram_max));
+    }
+
+private:
+    static constexpr size_t kSegment = 4096;
+    static constexpr size_t kInitialSlots = 64;
+
+    Part& part_ref(size_t i) { return segments_[i / kSegment][i % kSegment]; }
+    const Part& part_ref(size_t i) const { return segments_[i / kSegment][i % kSegment]; }
+
+    void rehash(size_t nslots) {
+        std::vector<uint64_t> ns(nslots, 0);
+        const size_t nmask = nslots - 1;
+        for (size_t i = 0; i < keys_.size(); ++i) {
+            const uint64_t h = hash_ngram(keys_[i]);
+            size_t s = h & nmask;
+            while (ns[s] != 0) s = (s + 1) & nmask;
+            ns[s] = ((h >> 32) << 32) | (i + 1);
+        }
+        slots_.swap(ns);
+        mask_ = nmask;
+    }
+
+    std::vector<uint64_t> slots_;                  // (fingerprint << 32) | (part index + 1)
+    size_t mask_ = 0;
+    std::vector<Ngram> keys_;                      // insertion order
+    std::vector<std::unique_ptr<Part[]>> segments_;
+};
+
+}  // namespace ngramcache

@@ -1,0 +1,13 @@
+"""ngramcache: draft-free speculative decoding.
+
+llama.cpp's n-gram lookup caches (context, dynamic, static), re-implemented in C++
+with exact drafting, plus adapters that let a real model verify the drafts.
+"""
+
+from ._core import CacheFormatError
+from .cache import NgramCache
+from .draft import draft
+
+__version__ = "0.1.0"
+
+__all__ = ["CacheFormatError", "NgramCache", "draft", "__version__"]
