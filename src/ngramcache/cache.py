@@ -36,12 +36,17 @@ class NgramCache(_core.NgramCache):
         appending each token to keep a context cache current.
         """
         _check_sizes(ngram_min, ngram_max)
+        if nnew is not None:
+            if nnew < 0:
+                raise ValueError(f"nnew must be >= 0, got {nnew}")
+            # Only the last nnew + ngram_max tokens take part: validate and pass just those,
+            # so an incremental update costs O(nnew), not O(len(tokens)).
+            n = len(tokens)
+            start = max(0, n - int(nnew) - ngram_max)
+            if start:
+                tokens = tokens[start:]
         arr = as_tokens(tokens)
-        if nnew is None:
-            nnew = arr.size
-        elif nnew < 0:
-            raise ValueError(f"nnew must be >= 0, got {nnew}")
-        self._update(arr, ngram_min, ngram_max, int(nnew))
+        self._update(arr, ngram_min, ngram_max, arr.size if nnew is None else int(nnew))
 
     def get(self, ngram) -> dict[int, int]:
         """The continuations of ``ngram`` (1-4 token ids) as {token: count}, in first-seen

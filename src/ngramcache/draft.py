@@ -30,5 +30,9 @@ def draft(tokens, n_draft: int, context: NgramCache, dynamic: NgramCache | None 
         raise TypeError(f"context must be an NgramCache, got {type(context).__name__}")
     if dynamic is not None and not isinstance(dynamic, _core.NgramCache):
         raise TypeError(f"dynamic must be an NgramCache or None, got {type(dynamic).__name__}")
+    # Drafting reads only the newest 4 tokens (the longest key): validating and passing
+    # just those keeps a draft step O(1) in the context length.
+    if len(tokens) > 4:
+        tokens = tokens[-4:]
     arr = as_tokens(tokens)
     return _core._draft(arr, int(n_draft), context, dynamic, static, ngram_min, ngram_max)
