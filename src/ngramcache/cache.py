@@ -41,7 +41,7 @@ class NgramCache(_core.NgramCache):
                 raise ValueError(f"nnew must be >= 0, got {nnew}")
             # Only the last nnew + ngram_max tokens take part: validate and pass just those,
             # so an incremental update costs O(nnew), not O(len(tokens)).
-            n = len(tokens)
+            n = len(tokens) if hasattr(tokens, "__len__") and not isinstance(tokens, (str, bytes)) else 0
             start = max(0, n - int(nnew) - ngram_max)
             if start:
                 tokens = tokens[start:]
