@@ -14,6 +14,7 @@
 #include "ngramcache/draft.hpp"
 #include "ngramcache/lookup_file.hpp"
 #include "ngramcache/ngram.hpp"
+#include "ngramcache/replay.hpp"
 
 namespace py = pybind11;
 using namespace ngramcache;
@@ -113,6 +114,126 @@ py::array_t<int32_t> draft_py(const Tokens& tokens, long long n_draft, const PyC
 }
 
 }  // namespace
+
+// ---- stats / replay (issue 3) ------------------------------------------------------------
+namespace replay_binding {
+
+// Thrown from the progress callback when a Python error is pending (the callback raised,
+// or Ctrl-C arrived); caught while the GIL is released and turned back into that error.
+struct PythonErrorPending {};
+
+// Calls f(static) with the static source `obj` stands for: None, an NgramCache (a loaded
+// lookup.bin) or a StaticTable.
+template <class F>
+void with_static(const py::object& obj, F&& f) {
+    if (obj.is_none()) {
+        f(NoStatic{}, static_cast<const PyCache*>(nullptr));
+    } else if (py::isinstance<PyCache>(obj)) {
+        const PyCache* pc = obj.cast<const PyCache*>();
+        f(CacheAsStatic{&pc->cache}, pc);
+    } else {
+        throw py::type_error("static must be an NgramCache, a StaticTable or None, got " +
+                             std::string(py::str(py::type::of(obj).attr("__name__"))));
+    }
+}
+
+py::dict result_dict(const ReplayResult& r) {
+    auto vec = [](const std::vector<int64_t>& v) { return py::cast(v); };
+    auto arr = [](const int64_t* p, size_t n) { return py::cast(std::vector<int64_t>(p, p + n)); };
+    py::dict d;
+    d["n_input"] = r.n_input;
+    d["n_ctx"] = r.n_ctx;
+    d["n_draft"] = r.n_draft;
+    d["n_chunks"] = r.n_chunks;
+    d["n_steps"] = r.n_steps;
+    d["n_drafted"] = r.n_drafted;
+    d["n_accept"] = r.n_accept;
+    d["t_draft_ns"] = r.t_draft_ns;
+    d["t_replay_ns"] = r.t_replay_ns;
+    d["drafted_by_source"] = arr(r.drafted_by_source, kNumSources);
+    d["accepted_by_source"] = arr(r.accepted_by_source, kNumSources);
+    d["drafted_by_ngram"] = arr(r.drafted_by_ngram, kNgramMax);
+    d["accepted_by_ngram"] = arr(r.accepted_by_ngram, kNgramMax);
+    d["draft_length_hist"] = vec(r.draft_length_hist);
+    d["accept_length_hist"] = vec(r.accept_length_hist);
+    d["drafted_by_position"] = vec(r.drafted_by_position);
+    d["accepted_by_position"] = vec(r.accepted_by_position);
+    d["overlap_positions"] = r.overlap_positions;
+    d["overlap_text"] = r.overlap_text;
+    d["overlap_static"] = r.overlap_static;
+    d["overlap_dynamic"] = r.overlap_dynamic;
+    d["overlap_any"] = r.overlap_any;
+    return d;
+}
+
+// The replay runs without the GIL. The dynamic cache it merges into is a private copy
+// unless update_dynamic, in which case the caller's cache is locked for writing throughout.
+py::dict replay_py(const Tokens& tokens, long long n_ctx, long long n_draft, py::object static_obj,
+                   PyCache* dynamic, bool update_dynamic, py::object progress) {
+    if (n_ctx < 2) throw InputError("n_ctx must be >= 2, got " + std::to_string(n_ctx));
+    if (n_draft < 0) throw InputError("n_draft must be >= 0, got " + std::to_string(n_draft));
+    if (update_dynamic && dynamic == nullptr)
+        throw InputError("update_dynamic=True needs a dynamic cache");
+    ReplayOptions opt;
+    opt.n_ctx = static_cast<size_t>(n_ctx);
+    opt.n_draft = static_cast<size_t>(n_draft);
+    const bool has_progress = !progress.is_none();
+    ReplayProgress cb = [&](int64_t done, int64_t total) {
+        py::gil_scoped_acquire gil;
+        if (PyErr_CheckSignals() != 0) throw PythonErrorPending{};
+        if (!has_progress) return;
+        try {
+            progress(done, total);
+        } catch (py::error_already_set& e) {
+            e.restore();
+            throw PythonErrorPending{};
+        }
+    };
+    ReplayResult result;
+    bool python_error = false;
+    with_static(static_obj, [&](const auto& st, const PyCache* static_cache) {
+        if (update_dynamic && static_cache == dynamic)
+            throw InputError("the dynamic cache to update cannot also be the static cache");
+        py::gil_scoped_release release;
+        try {
+            std::shared_lock<std::shared_mutex> ls;
+            if (static_cache) ls = std::shared_lock(static_cache->mutex);
+            if (update_dynamic) {
+                std::unique_lock<std::shared_mutex> lw(dynamic->mutex, std::defer_lock);
+                if (static_cache) {
+                    // Both locks in one go, so that no other lock order can deadlock with us.
+                    ls.unlock();
+                    std::lock(lw, ls);
+                } else {
+                    lw.lock();
+                }
+                NgramCache& dyn = dynamic->cache;
+                result = replay(tokens.data(), static_cast<size_t>(tokens.size()), opt, dyn, st, cb);
+            } else {
+                NgramCache dyn;
+                if (dynamic) {
+                    std::shared_lock<std::shared_mutex> lr;
+                    if (dynamic != static_cache) lr = std::shared_lock(dynamic->mutex);
+                    dyn.merge(dynamic->cache);  // into an empty cache: an order-keeping copy
+                }
+                result = replay(tokens.data(), static_cast<size_t>(tokens.size()), opt, dyn, st, cb);
+            }
+        } catch (const PythonErrorPending&) {
+            python_error = true;
+        }
+    });
+    if (python_error) throw py::error_already_set();
+    return result_dict(result);
+}
+
+void register_replay(py::module_& m) {
+    m.def("_replay", &replay_py, py::arg("tokens"), py::arg("n_ctx"), py::arg("n_draft"),
+          py::arg("static").none(true), py::arg("dynamic").none(true),
+          py::arg("update_dynamic") = false, py::arg("progress").none(true) = py::none());
+}
+
+}  // namespace replay_binding
+// ---- end stats / replay (issue 3) --------------------------------------------------------
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "ngramcache's compiled core (use the ngramcache package, not this module).";
@@ -222,4 +343,6 @@ PYBIND11_MODULE(_core, m) {
     m.def("_draft", &draft_py, py::arg("tokens"), py::arg("n_draft"), py::arg("context"),
           py::arg("dynamic").none(true), py::arg("static").none(true), py::arg("ngram_min"),
           py::arg("ngram_max"));
+
+    replay_binding::register_replay(m);  // stats (issue 3)
 }
