@@ -7,7 +7,9 @@ with exact drafting, plus adapters that let a real model verify the drafts.
 from ._core import CacheFormatError
 from .cache import NgramCache
 from .draft import draft
+from .stats import ReplayStats, replay
 
 __version__ = "0.1.0"
 
 __all__ = ["CacheFormatError", "NgramCache", "draft", "__version__"]
+__all__ += ["ReplayStats", "replay"]

@@ -1,0 +1,316 @@
+"""Offline replay of a token stream: how well would lookup drafting have done?
+
+``replay`` is llama.cpp's ``llama-lookup-stats`` loop (spec §2.5), run in C++ without the
+GIL, plus the figures that tool does not give: where accepted drafts come from (cache and
+n-gram size), how acceptance falls along the draft, how much of the text was already
+known (overlap), cache load time and peak memory. See docs/cli.md for every figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import Callable
+
+import numpy as np
+
+from . import _core
+from ._tokens import as_tokens
+from .cache import NgramCache
+from .progress import peak_rss_bytes
+
+__all__ = ["ReplayStats", "replay", "load_static", "load_dynamic", "SOURCES"]
+
+SOURCES = ("context", "dynamic", "static")
+
+
+def _is_static_table(obj) -> bool:
+    try:
+        from . import StaticTable  # lands with the static-table issue
+    except ImportError:
+        return False
+    return isinstance(obj, StaticTable)
+
+
+def _static_table_magic() -> bytes | None:
+    try:
+        from . import static_table
+    except ImportError:
+        return None
+    return getattr(static_table, "MAGIC", None)
+
+
+def load_static(path: str | os.PathLike):
+    """Open a static cache file: an ngramcache static table (recognised by its header
+    magic, memory-mapped) or a llama.cpp ``lookup.bin``. Returns (cache, kind, seconds)."""
+    path = os.fspath(path)
+    magic = _static_table_magic()
+    t0 = time.perf_counter()
+    if magic:
+        with open(path, "rb") as f:
+            head = f.read(len(magic))
+        if head == magic:
+            from . import StaticTable
+            table = StaticTable.open(path)
+            return table, "static table", time.perf_counter() - t0
+    cache = NgramCache.load(path)
+    return cache, "lookup.bin", time.perf_counter() - t0
+
+
+def load_dynamic(path: str | os.PathLike):
+    """Load a dynamic cache (llama.cpp ``lookup.bin``). Returns (cache, seconds)."""
+    t0 = time.perf_counter()
+    cache = NgramCache.load(os.fspath(path))
+    return cache, time.perf_counter() - t0
+
+
+def _f32(x) -> np.float32:
+    return np.float32(x)
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else math.nan
+
+
+@dataclasses.dataclass
+class ReplayStats:
+    """The result of ``replay``. Times are in seconds; counts are token counts.
+
+    The first fields are llama-lookup-stats' own (``n_predict`` is its formula
+    ``n_input - n_input % n_ctx``, which over-reports by ``n_ctx`` when the input is an
+    exact multiple of it: that last chunk is not replayed). ``t_draft_flat`` is the time
+    spent loading the static and dynamic caches given as paths (0 for objects), as in
+    llama.cpp; ``t_draft`` covers the draft calls and context-cache updates only.
+    """
+
+    n_draft: int
+    n_ctx: int
+    n_input: int
+    n_predict: int
+    n_drafted: int
+    n_accept: int
+    t_draft_flat: float
+    t_draft: float
+    n_chunks: int = 0
+    n_steps: int = 0
+    t_replay: float = 0.0
+    drafted_by_source: dict = dataclasses.field(default_factory=dict)
+    accepted_by_source: dict = dataclasses.field(default_factory=dict)
+    drafted_by_ngram: dict = dataclasses.field(default_factory=dict)
+    accepted_by_ngram: dict = dataclasses.field(default_factory=dict)
+    draft_length_hist: list = dataclasses.field(default_factory=list)
+    accept_length_hist: list = dataclasses.field(default_factory=list)
+    drafted_by_position: list = dataclasses.field(default_factory=list)
+    accepted_by_position: list = dataclasses.field(default_factory=list)
+    overlap_positions: int = 0
+    overlap_text: int = 0
+    overlap_static: int = 0
+    overlap_dynamic: int = 0
+    overlap_any: int = 0
+    static_kind: str = "none"
+    static_load_s: float | None = None
+    dynamic_load_s: float | None = None
+    peak_rss_bytes: int = 0
+
+    # -- derived figures ------------------------------------------------------------------
+    @property
+    def n_replayed(self) -> int:
+        """Tokens actually replayed (n_chunks * n_ctx)."""
+        return self.n_chunks * self.n_ctx
+
+    @property
+    def accept(self) -> float:
+        """n_accept / n_drafted (NaN when nothing was drafted)."""
+        return _ratio(self.n_accept, self.n_drafted)
+
+    @property
+    def us_per_drafted(self) -> float:
+        return _ratio(self.t_draft * 1e6, self.n_drafted)
+
+    @property
+    def replay_tokens_per_s(self) -> float:
+        return _ratio(self.n_replayed, self.t_replay)
+
+    @property
+    def overlap(self) -> float:
+        """Share of replayed positions whose preceding 2-gram was known (text, static or dynamic)."""
+        return _ratio(self.overlap_any, self.overlap_positions)
+
+    # -- output ---------------------------------------------------------------------------
+    def summary(self) -> str:
+        """llama-lookup-stats' closing block, same labels and number formats (plain log mode).
+
+        llama.cpp computes ``us per token`` and ``accept`` in float32; so does this. With
+        nothing drafted they print ``nan``/``inf`` as llama.cpp's printf would."""
+        t_us = self.t_draft * 1e6
+        if self.n_drafted:
+            per_tok = float(_f32(t_us) / _f32(self.n_drafted))
+            accept = float(_f32(_f32(100.0) * _f32(self.n_accept)) / _f32(self.n_drafted))
+        else:
+            per_tok = math.inf if t_us > 0 else math.nan
+            accept = math.nan
+        tok_per_s = self.n_drafted / (1e-6 * t_us) if t_us > 0 else (math.nan if self.n_drafted == 0 else math.inf)
+        lines = [
+            "",
+            f"n_draft      = {self.n_draft}",
+            f"n_predict    = {self.n_predict}",
+            f"n_drafted    = {self.n_drafted}",
+            f"t_draft_flat = {self.t_draft_flat * 1e3:.2f} ms",
+            f"t_draft      = {t_us * 1e-3:.2f} ms, {per_tok:.2f} us per token, {tok_per_s:.2f} tokens per second",
+            f"n_accept     = {self.n_accept}",
+            f"accept       = {accept:.3f}%",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def table(self) -> str:
+        """The extra figures as a readable text table."""
+        from .progress import fmt_bytes
+
+        def pct(num, den):
+            r = _ratio(num, den)
+            return "     -" if math.isnan(r) else f"{100 * r:6.2f}%"
+
+        out = []
+        w = 28
+        out.append("replay")
+        out.append(f"  {'chunks':<{w}}{self.n_chunks} x {self.n_ctx} tokens = {self.n_replayed:,} "
+                   f"of {self.n_input:,} input tokens")
+        out.append(f"  {'draft steps':<{w}}{self.n_steps:,} ({self.n_drafted / self.n_steps if self.n_steps else 0:.3f} "
+                   f"drafted, {(self.n_accept + self.n_steps) / self.n_steps if self.n_steps else 0:.3f} "
+                   "tokens gained per step incl. the sampled one)")
+        out.append(f"  {'draft time per drafted':<{w}}{self.us_per_drafted:.3f} us")
+        out.append(f"  {'replay wall time':<{w}}{self.t_replay:.3f} s ({self.replay_tokens_per_s:,.0f} tokens/s)")
+        if self.static_load_s is not None:
+            out.append(f"  {'static load (' + self.static_kind + ')':<{w}}{self.static_load_s * 1e3:.3f} ms")
+        if self.dynamic_load_s is not None:
+            out.append(f"  {'dynamic load':<{w}}{self.dynamic_load_s * 1e3:.3f} ms")
+        out.append(f"  {'peak RSS':<{w}}{fmt_bytes(self.peak_rss_bytes)}")
+        out.append("")
+        out.append("overlap: positions whose preceding 2-gram was seen before")
+        for label, n in (("in the replayed text", self.overlap_text), ("in the static cache", self.overlap_static),
+                         ("in the dynamic cache", self.overlap_dynamic), ("in any of them", self.overlap_any)):
+            out.append(f"  {label:<{w}}{pct(n, self.overlap_positions)}  ({n:,} of {self.overlap_positions:,})")
+        out.append("")
+        out.append(f"  {'by source':<16}{'drafted':>10}{'accepted':>10}{'accept':>9}{'share of accepted':>19}")
+        for s in SOURCES:
+            d, a = self.drafted_by_source.get(s, 0), self.accepted_by_source.get(s, 0)
+            out.append(f"  {s:<16}{d:>10,}{a:>10,}{pct(a, d):>9}{pct(a, self.n_accept):>19}")
+        out.append("")
+        out.append(f"  {'by n-gram size':<16}{'drafted':>10}{'accepted':>10}{'accept':>9}{'share of accepted':>19}")
+        for k in range(1, 5):
+            d, a = self.drafted_by_ngram.get(k, 0), self.accepted_by_ngram.get(k, 0)
+            out.append(f"  {k:<16}{d:>10,}{a:>10,}{pct(a, d):>9}{pct(a, self.n_accept):>19}")
+        out.append("")
+        out.append(f"  {'draft position':<16}{'drafted':>10}{'accepted':>10}{'accept':>9}")
+        for i, (d, a) in enumerate(zip(self.drafted_by_position, self.accepted_by_position)):
+            out.append(f"  {i + 1:<16}{d:>10,}{a:>10,}{pct(a, d):>9}")
+        out.append("")
+        n_nonempty = sum(self.accept_length_hist)
+        out.append(f"  {'draft length':<16}{'steps':>10}{'share':>9}   "
+                   f"{'accepted length':<16}{'drafts':>10}{'share':>9}")
+        for k in range(len(self.draft_length_hist)):
+            dl = self.draft_length_hist[k]
+            al = self.accept_length_hist[k]
+            out.append(f"  {k:<16}{dl:>10,}{pct(dl, self.n_steps):>9}   {k:<16}{al:>10,}{pct(al, n_nonempty):>9}")
+        return "\n".join(out) + "\n"
+
+    def to_dict(self) -> dict:
+        """Every field and derived figure, JSON-ready (NaN becomes None)."""
+        d = dataclasses.asdict(self)
+        for k in ("drafted_by_ngram", "accepted_by_ngram"):
+            d[k] = {str(n): v for n, v in d[k].items()}
+        d.update(n_replayed=self.n_replayed, accept=self.accept, us_per_drafted=self.us_per_drafted,
+                 replay_tokens_per_s=self.replay_tokens_per_s, overlap=self.overlap)
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def _check_int(name: str, v, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {type(v).__name__}")
+    if v < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {v}")
+    return int(v)
+
+
+def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_dynamic: bool = False,
+           progress: Callable[[int, int], object] | None = None) -> ReplayStats:
+    """Replay ``tokens`` as llama-lookup-stats does and return the statistics.
+
+    ``tokens`` are cut into chunks of ``n_ctx``; each chunk is replayed from an empty
+    context cache, drafting up to ``n_draft`` tokens per step and accepting those that
+    match the text; chunks are then merged into the dynamic cache. The last chunk is
+    skipped unless at least one token follows it, so ``tokens`` needs more than ``n_ctx``
+    tokens (ValueError otherwise).
+
+    ``static``: None, an NgramCache, a StaticTable, or a path (a static table file or a
+    llama.cpp lookup.bin; loading time is measured). ``dynamic``: None (start empty, as
+    llama.cpp does without ``-lcd``), an NgramCache or a lookup.bin path. The dynamic
+    cache given is left unchanged (a copy absorbs the chunks) unless ``update_dynamic``.
+    ``progress(done, total)`` is called from the replay at most every 100,000 tokens and at
+    the end; an exception it raises (or Ctrl-C) stops the replay and propagates.
+    """
+    n_ctx = _check_int("n_ctx", n_ctx, 2)
+    n_draft = _check_int("n_draft", n_draft, 0)
+    arr = as_tokens(tokens)
+    if arr.size <= n_ctx:
+        raise ValueError(f"tokens: {arr.size} tokens is too short to replay with n_ctx = {n_ctx}: llama-lookup-stats "
+                         f"replays only whole chunks followed by at least one more token, so it needs at least "
+                         f"{n_ctx + 1} (use a longer text or a smaller n_ctx)")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
+
+    static_kind, static_load_s = "none", None
+    if isinstance(static, (str, os.PathLike)):
+        static, static_kind, static_load_s = load_static(static)
+    elif isinstance(static, _core.NgramCache):
+        static_kind = "NgramCache"
+    elif _is_static_table(static):
+        static_kind = "static table"
+    elif static is not None:
+        raise TypeError(f"static must be None, a path, an NgramCache or a StaticTable, got {type(static).__name__}")
+
+    dynamic_load_s = None
+    if isinstance(dynamic, (str, os.PathLike)):
+        if update_dynamic:
+            raise ValueError("update_dynamic=True needs an NgramCache object (a cache loaded from a path "
+                             "would be updated and thrown away)")
+        dynamic, dynamic_load_s = load_dynamic(dynamic)
+    elif dynamic is not None and not isinstance(dynamic, _core.NgramCache):
+        raise TypeError(f"dynamic must be None, a path or an NgramCache, got {type(dynamic).__name__}")
+    if update_dynamic and dynamic is None:
+        raise ValueError("update_dynamic=True needs a dynamic cache")
+
+    r = _core._replay(arr, n_ctx, n_draft, static, dynamic, bool(update_dynamic), progress)
+    n_input = int(arr.size)
+    return ReplayStats(
+        n_draft=n_draft,
+        n_ctx=n_ctx,
+        n_input=n_input,
+        n_predict=n_input - n_input % n_ctx,
+        n_drafted=r["n_drafted"],
+        n_accept=r["n_accept"],
+        t_draft_flat=(static_load_s or 0.0) + (dynamic_load_s or 0.0),
+        t_draft=r["t_draft_ns"] * 1e-9,
+        n_chunks=r["n_chunks"],
+        n_steps=r["n_steps"],
+        t_replay=r["t_replay_ns"] * 1e-9,
+        drafted_by_source=dict(zip(SOURCES, r["drafted_by_source"])),
+        accepted_by_source=dict(zip(SOURCES, r["accepted_by_source"])),
+        drafted_by_ngram={k + 1: v for k, v in enumerate(r["drafted_by_ngram"])},
+        accepted_by_ngram={k + 1: v for k, v in enumerate(r["accepted_by_ngram"])},
+        draft_length_hist=r["draft_length_hist"],
+        accept_length_hist=r["accept_length_hist"],
+        drafted_by_position=r["drafted_by_position"],
+        accepted_by_position=r["accepted_by_position"],
+        overlap_positions=r["overlap_positions"],
+        overlap_text=r["overlap_text"],
+        overlap_static=r["overlap_static"],
+        overlap_dynamic=r["overlap_dynamic"],
+        overlap_any=r["overlap_any"],
+        static_kind=static_kind,
+        static_load_s=static_load_s,
+        dynamic_load_s=dynamic_load_s,
+        peak_rss_bytes=peak_rss_bytes(),
+    )
