@@ -11,7 +11,9 @@ import importlib
 import sys
 
 # name -> module under ngramcache.commands
-COMMANDS = {}
+COMMANDS = {
+    "stats": "stats",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

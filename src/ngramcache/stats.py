@@ -216,6 +216,61 @@ class ReplayStats:
             out.append(f"  {k:<16}{dl:>10,}{pct(dl, self.n_steps):>9}   {k:<16}{al:>10,}{pct(al, n_nonempty):>9}")
         return "\n".join(out) + "\n"
 
+    def plot(self, path: str | os.PathLike) -> None:
+        """Draw acceptance by draft position and by source to a PNG (needs matplotlib).
+
+        The file is written atomically (temporary file, fsync, rename)."""
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ImportError("ReplayStats.plot needs matplotlib: pip install 'ngramcache[plot]'") from None
+        # A bare Figure renders with Agg and leaves pyplot's global state alone.
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(10, 4), layout="constrained")
+        ax1, ax2 = fig.subplots(1, 2)
+        pos = np.arange(1, len(self.drafted_by_position) + 1)
+        ax1.bar(pos - 0.2, self.drafted_by_position, width=0.4, label="drafted", color="#9ecae1")
+        ax1.bar(pos + 0.2, self.accepted_by_position, width=0.4, label="accepted", color="#3182bd")
+        ax1.set_xlabel("draft position")
+        ax1.set_ylabel("tokens")
+        ax1.set_xticks(pos)
+        ax1.legend(loc="upper right")
+        rate = ax1.twinx()
+        rate.plot(pos, [100 * _ratio(a, d) for a, d in zip(self.accepted_by_position, self.drafted_by_position)],
+                  "o-", color="#e6550d")
+        rate.set_ylabel("accepted, % of drafted", color="#e6550d")
+        rate.set_ylim(0, 100)
+        ax1.set_title("acceptance by draft position")
+        x = np.arange(len(SOURCES))
+        ax2.bar(x - 0.2, [self.drafted_by_source.get(s, 0) for s in SOURCES], width=0.4, label="drafted",
+                color="#a1d99b")
+        ax2.bar(x + 0.2, [self.accepted_by_source.get(s, 0) for s in SOURCES], width=0.4, label="accepted",
+                color="#31a354")
+        for i, s in enumerate(SOURCES):
+            r = _ratio(self.accepted_by_source.get(s, 0), self.drafted_by_source.get(s, 0))
+            if not math.isnan(r):
+                ax2.annotate(f"{100 * r:.1f}%", (i + 0.2, self.accepted_by_source.get(s, 0)),
+                             ha="center", va="bottom", fontsize=8)
+        ax2.set_xticks(x, SOURCES)
+        ax2.set_ylabel("tokens")
+        ax2.legend(loc="upper right")
+        ax2.set_title("acceptance by source")
+        fig.suptitle(f"n_draft {self.n_draft}, n_ctx {self.n_ctx}: {self.n_accept:,} of {self.n_drafted:,} "
+                     f"drafted tokens accepted ({100 * self.accept:.2f}%)" if self.n_drafted else
+                     f"n_draft {self.n_draft}, n_ctx {self.n_ctx}: nothing drafted")
+        path = os.fspath(path)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                fig.savefig(f, format="png", dpi=100)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
     def to_dict(self) -> dict:
         """Every field and derived figure, JSON-ready (NaN becomes None)."""
         d = dataclasses.asdict(self)
