@@ -29,6 +29,8 @@ def as_tokens(tokens, name: str = "tokens") -> np.ndarray:
         if arr.size == 0:
             return np.zeros(0, dtype=np.int32)
         if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+            if not isinstance(tokens, np.ndarray):
+                _name_bad_element(tokens, name)  # Python ints beyond int64 land here too
             raise ValueError(f"{name}: token ids must be integers, got dtype {arr.dtype}")
         if arr.dtype != np.int32:
             lo, hi = arr.min(), arr.max()
@@ -43,3 +45,15 @@ def as_tokens(tokens, name: str = "tokens") -> np.ndarray:
         i = int(np.argmax(arr < 0))
         raise ValueError(f"{name}: negative token id {arr[i]} at index {i}")
     return np.ascontiguousarray(arr)
+
+
+def _name_bad_element(seq, name: str) -> None:
+    """numpy turns Python ints beyond int64 into object or float64 arrays; name the first
+    element that is not a valid token id instead of blaming the dtype."""
+    for i, v in enumerate(seq):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{name}: token ids must be integers, got {type(v).__name__} {v!r} at index {i}")
+        if v < 0:
+            raise ValueError(f"{name}: negative token id {v} at index {i}")
+        if v > INT32_MAX:
+            raise ValueError(f"{name}: token id {v} at index {i} is beyond the int32 range")
