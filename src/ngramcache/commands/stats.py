@@ -44,8 +44,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                      help="a Hugging Face tokenizer.json to read -f with, instead of -m")
     inp.add_argument("--no-escape", action="store_true",
                      help="do not process escapes (\\n, \\t, \\xHH ...) in the text; llama.cpp does by default")
+    inp.add_argument("--piece-size", type=int, default=None, metavar="BYTES",
+                     help="tokenize long texts in pieces of this many bytes (default 64 KiB; "
+                          "0 = one call, exactly llama.cpp's tokens for any tokenizer)")
     inp.add_argument("--tokens", metavar="FNAME",
-                     help="already tokenized input: raw little-endian int32 token ids, no header")
+                     help="already tokenized input: raw little-endian int32 token ids (no header) or .npy")
     c = p.add_argument_group("caches")
     c.add_argument("-lcs", "--lookup-cache-static", metavar="FNAME",
                    help="static cache: an ngramcache static table or a llama.cpp lookup.bin "
@@ -76,31 +79,20 @@ def _note(args, msg: str) -> None:
         print(msg, file=sys.stderr)
 
 
-def _read_tokens(path: str):
-    try:
-        from ..tokenizers import read_tokens_file
-    except ImportError:  # tokenizers.py not there: the format is simple enough
-        read_tokens_file = None
-    if read_tokens_file is not None:
-        return read_tokens_file(path)
-    import numpy as np
-
-    size = os.path.getsize(path)
-    if size % 4:
-        raise ValueError(f"{path}: {size} bytes is not a whole number of int32 tokens")
-    return np.fromfile(path, dtype="<i4").astype(np.int32, copy=False)
-
-
 def _tokenize(args):
+    from ..progress import Progress
     from ..tokenizers import load_tokenizer, tokenize_files
 
     tok = load_tokenizer(model=args.model, tokenizer_json=args.tokenizer_json)
-    return tokenize_files([args.file], tok, escape=not args.no_escape, progress=not args.quiet)
+    with Progress(total=os.path.getsize(args.file), desc="tokenizing", unit="B", quiet=args.quiet) as bar:
+        return tokenize_files([args.file], tok, escape=not args.no_escape, progress=bar,
+                              piece_bytes=args.piece_size)
 
 
 def run(args) -> int:
     from ..progress import Progress, fmt_seconds
     from ..stats import load_dynamic, load_static, replay
+    from ..tokenizers import read_tokens_file
     import dataclasses
     import time
 
@@ -125,7 +117,7 @@ def run(args) -> int:
     # Input tokens.
     try:
         if args.tokens is not None:
-            tokens = _read_tokens(args.tokens)
+            tokens = read_tokens_file(args.tokens)
         else:
             t0 = time.perf_counter()
             tokens = _tokenize(args)
