@@ -44,7 +44,10 @@ class NgramCache(_core.NgramCache):
             n = len(tokens) if hasattr(tokens, "__len__") and not isinstance(tokens, (str, bytes)) else 0
             start = max(0, n - int(nnew) - ngram_max)
             if start:
-                tokens = tokens[start:]
+                try:
+                    tokens = tokens[start:]
+                except TypeError:  # a sequence without slicing (deque): validate it whole
+                    pass
         arr = as_tokens(tokens)
         self._update(arr, ngram_min, ngram_max, arr.size if nnew is None else int(nnew))
 

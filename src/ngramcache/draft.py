@@ -33,6 +33,9 @@ def draft(tokens, n_draft: int, context: NgramCache, dynamic: NgramCache | None 
     # Drafting reads only the newest 4 tokens (the longest key): validating and passing
     # just those keeps a draft step O(1) in the context length.
     if hasattr(tokens, "__len__") and not isinstance(tokens, (str, bytes)) and len(tokens) > 4:
-        tokens = tokens[-4:]
+        try:
+            tokens = tokens[-4:]
+        except TypeError:  # a sequence without slicing (deque): validate it whole
+            pass
     arr = as_tokens(tokens)
     return _core._draft(arr, int(n_draft), context, dynamic, static, ngram_min, ngram_max)
