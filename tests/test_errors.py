@@ -4,6 +4,8 @@ drafting while another thread updates is safe."""
 
 from __future__ import annotations
 
+import array
+import collections
 import os
 import struct
 import subprocess
@@ -93,6 +95,24 @@ def test_valid_edge_tokens_are_accepted(cache):
     c.update(np.arange(20, dtype=np.int64)[::2])
     assert c.get([2]) == {4: 1}
     assert nc.draft(np.array([0, INT32_MAX, 0], dtype=np.int64), 2, c).dtype == np.int32
+
+
+@pytest.mark.parametrize("kind", [list, tuple, collections.deque, lambda x: array.array("i", x),
+                                  lambda x: array.array("q", x), lambda x: np.array(x, dtype=np.int64),
+                                  lambda x: np.array(x, dtype=np.uint16)])
+def test_any_one_dimensional_integer_sequence(kind):
+    """Every entry point takes any 1-D integer sequence, sliceable or not, with the same
+    result as a list (update with nnew and draft only look at the newest tokens)."""
+    seq = [5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6]
+    want, got = nc.NgramCache(), nc.NgramCache()
+    for n in range(1, len(seq) + 1):
+        want.update(seq[:n], nnew=1)
+        got.update(kind(seq[:n]), nnew=1)
+    got.update(kind(seq), 2, 3)
+    want.update(seq, 2, 3)
+    assert list(got.items()) == list(want.items())
+    assert nc.draft(kind(seq), 5, got).tolist() == nc.draft(seq, 5, want).tolist() == [7, 5, 6, 7, 5]
+    assert got.get(kind(seq[-2:])) == want.get(seq[-2:]) == {7: 6}
 
 
 # --- sizes and counts --------------------------------------------------------------
