@@ -234,7 +234,8 @@ class ReplayStats:
         ax1.bar(pos + 0.2, self.accepted_by_position, width=0.4, label="accepted", color="#3182bd")
         ax1.set_xlabel("draft position")
         ax1.set_ylabel("tokens")
-        ax1.set_xticks(pos)
+        if len(pos) <= 16:  # longer drafts: let matplotlib pick readable ticks
+            ax1.set_xticks(pos)
         ax1.legend(loc="upper right")
         rate = ax1.twinx()
         rate.plot(pos, [100 * _ratio(a, d) for a, d in zip(self.accepted_by_position, self.drafted_by_position)],
