@@ -34,27 +34,27 @@ def _is_static_table(obj) -> bool:
     return isinstance(obj, StaticTable)
 
 
-def _static_table_magic() -> bytes | None:
-    try:
-        from . import static_table
-    except ImportError:
-        return None
-    return getattr(static_table, "MAGIC", None)
+# The first bytes of an ngramcache static table (docs/format.md). A llama.cpp lookup.bin
+# has no header: it starts with a token id, whose top byte is never 'T' (0x54) for real
+# vocabularies (that would be an id of 1.4 billion or more).
+STATIC_TABLE_MAGIC = b"NGST"
 
 
 def load_static(path: str | os.PathLike):
     """Open a static cache file: an ngramcache static table (recognised by its header
     magic, memory-mapped) or a llama.cpp ``lookup.bin``. Returns (cache, kind, seconds)."""
     path = os.fspath(path)
-    magic = _static_table_magic()
     t0 = time.perf_counter()
-    if magic:
-        with open(path, "rb") as f:
-            head = f.read(len(magic))
-        if head == magic:
+    with open(path, "rb") as f:
+        head = f.read(len(STATIC_TABLE_MAGIC))
+    if head == STATIC_TABLE_MAGIC:
+        try:
             from . import StaticTable
-            table = StaticTable.open(path)
-            return table, "static table", time.perf_counter() - t0
+        except ImportError:
+            raise ValueError(f"{path}: a static table file, but this build of ngramcache cannot open "
+                             "static tables") from None
+        table = StaticTable.open(path)
+        return table, "static table", time.perf_counter() - t0
     cache = NgramCache.load(path)
     return cache, "lookup.bin", time.perf_counter() - t0
 
