@@ -8,8 +8,10 @@ from ._core import CacheFormatError
 from .cache import NgramCache
 from .draft import draft
 from .stats import ReplayStats, replay
+from .drafters import AdaptiveGate, Drafter, DraftStats, LookupDrafter, OracleDrafter
 
 __version__ = "0.1.0"
 
 __all__ = ["CacheFormatError", "NgramCache", "draft", "__version__"]
 __all__ += ["ReplayStats", "replay"]
+__all__ += ["AdaptiveGate", "Drafter", "DraftStats", "LookupDrafter", "OracleDrafter"]

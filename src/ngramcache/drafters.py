@@ -1,0 +1,466 @@
+"""Drafters: what proposes tokens for a model to verify.
+
+A drafter sees the verified sequence grow (``reset`` with the prompt, then ``accept``
+with every batch of verified tokens) and proposes continuations (``propose``). It
+never sees rejected tokens, so it never has to forget anything.
+
+``LookupDrafter`` is llama.cpp's lookup decoding (context, dynamic and static n-gram
+caches). ``AdaptiveGate`` decides how much of a proposal is worth verifying, from what
+verifying k tokens costs on this model and how often drafts have been right so far.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from . import _core
+from ._tokens import as_tokens
+from .cache import NgramCache, _check_sizes
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+@dataclass
+class DraftStats:
+    """Counters of one drafter since its last ``reset``."""
+
+    drafted: int = 0          # tokens handed to the verifier
+    accepted: int = 0         # of those, how many the verifier confirmed
+    draft_seconds: float = 0.0  # time spent proposing and updating caches
+    proposals: int = 0        # propose() calls that returned at least one token
+    skipped: int = 0          # proposals the gate judged not worth verifying
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """What a speculative loop needs from a drafter.
+
+    ``reset(prompt_tokens)``: start a new sequence. ``propose(n_max)``: up to ``n_max``
+    int32 tokens expected to follow the sequence (possibly none). ``accept(tokens)``:
+    the tokens the verifier settled on since the last call, including its own next
+    token (the correction or the bonus token). ``stats``: a ``DraftStats``.
+    """
+
+    def reset(self, prompt_tokens) -> None: ...
+
+    def propose(self, n_max: int) -> np.ndarray: ...
+
+    def accept(self, tokens) -> None: ...
+
+    @property
+    def stats(self) -> DraftStats: ...
+
+
+class _TokenBuffer:
+    """A growing int32 sequence; appends are amortised O(new tokens)."""
+
+    def __init__(self, capacity: int = 1024):
+        self._data = np.empty(max(16, capacity), dtype=np.int32)
+        self.n = 0
+
+    def clear(self) -> None:
+        self.n = 0
+
+    def extend(self, toks: np.ndarray) -> None:
+        need = self.n + toks.size
+        if need > self._data.size:
+            cap = self._data.size
+            while cap < need:
+                cap *= 2
+            grown = np.empty(cap, dtype=np.int32)
+            grown[: self.n] = self._data[: self.n]
+            self._data = grown
+        self._data[self.n : need] = toks
+        self.n = need
+
+    def view(self) -> np.ndarray:
+        return self._data[: self.n]
+
+
+# ---------------------------------------------------------------------------------
+# The adaptive gate
+
+
+def _check_costs(costs) -> np.ndarray:
+    c = np.asarray(costs, dtype=np.float64)
+    if c.ndim != 1 or c.size < 1:
+        raise ValueError("costs: expected a 1-D sequence, costs[k-1] = time to verify k tokens")
+    if not np.all(np.isfinite(c)) or np.any(c <= 0):
+        raise ValueError("costs: every verification cost must be a positive finite number")
+    return c / c[0]
+
+
+class AdaptiveGate:
+    """Chooses how many drafted tokens to verify.
+
+    ``costs[k-1]`` is the time to verify a batch of k tokens (the last verified token
+    plus k-1 drafted ones); only ratios matter. For a proposal of length L the gate
+    keeps the first k tokens, k in 0..L, that maximise expected tokens per unit of
+    time, ``E(k) / cost(k+1)`` with ``E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j``, where
+    ``p_j`` is the estimated chance that drafted token j is right given that the
+    tokens before it were. k = 0 (plain decoding) wins whenever no draft is expected
+    to pay for its verification.
+
+    The ``p_j`` are learnt per state (how long the drafter's proposal was, and
+    whether the previous proposal's first token was right), shrunk towards the
+    estimate pooled over states, and decay so that the gate follows changes within a
+    generation. Every proposal is scored against the tokens that really followed,
+    including the proposals the gate declined, so skipping does not stop learning.
+    """
+
+    #: proposal lengths are bucketed: 1, 2-3, 4-7, 8+
+    _LEN_BUCKETS = (1, 2, 4, 8)
+
+    def __init__(self, costs: Sequence[float], decay: float = 0.97, prior: tuple[float, float] = (1.0, 2.0),
+                 shrink: float = 4.0, overhead: float = 0.0):
+        self.costs = _check_costs(costs)
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if prior[0] <= 0 or prior[1] <= 0:
+            raise ValueError(f"prior: both Beta parameters must be > 0, got {prior}")
+        if shrink < 0:
+            raise ValueError(f"shrink must be >= 0, got {shrink}")
+        if overhead < 0:
+            raise ValueError(f"overhead must be >= 0, got {overhead}")
+        self.decay = float(decay)
+        self.prior = (float(prior[0]), float(prior[1]))
+        self.shrink = float(shrink)
+        self.overhead = float(overhead)  # cost of one proposal, in units of a 1-token verify
+        self.max_len = self.costs.size - 1
+        n_states = len(self._LEN_BUCKETS) * 3
+        # hits/trials per (state, position); position j = drafted token j+1
+        self._hits = np.zeros((n_states, self.max_len + 1))
+        self._trials = np.zeros((n_states, self.max_len + 1))
+        self._pool_hits = np.zeros(self.max_len + 1)
+        self._pool_trials = np.zeros(self.max_len + 1)
+
+    def state(self, proposal_len: int, prev: int) -> int:
+        """State index from the proposal's length and the previous outcome
+        (0: previous first token wrong, 1: right, 2: no previous proposal)."""
+        b = 0
+        for i, lo in enumerate(self._LEN_BUCKETS):
+            if proposal_len >= lo:
+                b = i
+        return b * 3 + prev
+
+    def probabilities(self, state: int, n: int) -> np.ndarray:
+        """Estimated conditional acceptance of drafted tokens 1..n in ``state``."""
+        n = min(n, self.max_len + 1)
+        a, b = self.prior
+        pool = (self._pool_hits[:n] + a) / (self._pool_trials[:n] + a + b)
+        h, t = self._hits[state, :n], self._trials[state, :n]
+        return (h + self.shrink * pool) / (t + self.shrink)
+
+    def choose(self, state: int, available: int) -> int:
+        """How many of ``available`` drafted tokens to verify (0 = do not draft)."""
+        k_max = min(available, self.max_len)
+        if k_max <= 0:
+            return 0
+        p = self.probabilities(state, k_max)
+        expected = 1.0 + np.cumsum(np.cumprod(p))
+        cost = self.costs[1 : k_max + 1] + self.overhead
+        rate = expected / cost
+        best = int(np.argmax(rate))
+        # plain decoding yields 1 token per unit of cost
+        return best + 1 if rate[best] > 1.0 else 0
+
+    def observe(self, state: int, n_right: int, n_scored: int) -> None:
+        """A proposal in ``state`` had its first ``n_right`` tokens right, out of
+        ``n_scored`` tokens compared (``n_right < n_scored`` means token n_right+1 was wrong)."""
+        n_scored = min(n_scored, self.max_len + 1)
+        n_right = min(n_right, n_scored)
+        if n_scored <= 0:
+            return
+        tried = n_right + (1 if n_right < n_scored else 0)
+        d = self.decay
+        self._hits[state, :tried] *= d
+        self._trials[state, :tried] *= d
+        self._pool_hits[:tried] *= d
+        self._pool_trials[:tried] *= d
+        self._hits[state, :n_right] += 1
+        self._trials[state, :tried] += 1
+        self._pool_hits[:n_right] += 1
+        self._pool_trials[:tried] += 1
+
+
+# ---------------------------------------------------------------------------------
+# Verification costs, measured once per model and kept on disk
+
+
+def _cost_cache_path() -> str:
+    base = os.environ.get("NGRAMCACHE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "ngramcache")
+    return os.path.join(base, "verify-costs.json")
+
+
+def _model_key(model_path: str, n_threads: int, n_threads_batch: int) -> str:
+    st = os.stat(model_path)
+    return f"{os.path.abspath(model_path)}|{st.st_size}|{int(st.st_mtime)}|t{n_threads}|tb{n_threads_batch}"
+
+
+def load_costs(model_path: str, n_threads: int, n_threads_batch: int, path: str | None = None) -> list[float] | None:
+    """The verification costs stored for this model file and thread counts, or None."""
+    import json
+
+    path = path or _cost_cache_path()
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+        costs = table.get(_model_key(model_path, n_threads, n_threads_batch))
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(costs, list) or not costs:
+        return None
+    try:
+        _check_costs(costs)
+    except ValueError:
+        return None
+    return [float(c) for c in costs]
+
+
+def store_costs(model_path: str, n_threads: int, n_threads_batch: int, costs: Sequence[float],
+                path: str | None = None) -> None:
+    """Remember verification costs (atomically: temp file, fsync, rename)."""
+    import json
+    import tempfile
+
+    path = path or _cost_cache_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+        if not isinstance(table, dict):
+            table = {}
+    except (OSError, ValueError):
+        table = {}
+    table[_model_key(model_path, n_threads, n_threads_batch)] = [float(c) for c in costs]
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".verify-costs.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(table, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# ---------------------------------------------------------------------------------
+# llama.cpp's lookup drafter
+
+
+class LookupDrafter:
+    """llama.cpp's lookup decoding as a ``Drafter``.
+
+    Drafts from the context cache (n-grams of the current sequence, kept current
+    incrementally), then the ``dynamic`` cache (an ``NgramCache``, e.g. loaded from a
+    ``-lcd`` file), then the ``static`` table (an ``NgramCache`` or a ``StaticTable``),
+    exactly as ``common_ngram_cache_draft``. Per step the work is proportional to the
+    tokens accepted, never to the length of the sequence.
+
+    With a ``gate`` (an ``AdaptiveGate``), ``propose`` returns only as much of the
+    lookup's proposal as is expected to pay for its verification, often nothing.
+    """
+
+    def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = 8,
+                 ngram_min: int = 1, ngram_max: int = 4, gate: AdaptiveGate | None = None):
+        if not isinstance(n_draft, (int, np.integer)) or isinstance(n_draft, bool):
+            raise ValueError(f"n_draft must be an integer, got {type(n_draft).__name__}")
+        if n_draft < 0:
+            raise ValueError(f"n_draft must be >= 0, got {n_draft}")
+        _check_sizes(ngram_min, ngram_max)
+        if dynamic is not None and not isinstance(dynamic, _core.NgramCache):
+            raise TypeError(f"dynamic must be an NgramCache or None, got {type(dynamic).__name__}")
+        if gate is not None and not isinstance(gate, AdaptiveGate):
+            raise TypeError(f"gate must be an AdaptiveGate or None, got {type(gate).__name__}")
+        self.static = static
+        self.dynamic = dynamic
+        self.n_draft = int(n_draft)
+        self.ngram_min = ngram_min
+        self.ngram_max = ngram_max
+        self.gate = gate
+        self.context = NgramCache()
+        self._buf = _TokenBuffer()
+        self._stats = DraftStats()
+        self._last = _EMPTY  # the proposal awaiting verification
+        # proposals awaiting scoring against what really followed: (start, tokens, state)
+        self._pending: list[tuple[int, np.ndarray, int]] = []
+        self._prev = 2  # previous proposal's first token: 0 wrong, 1 right, 2 no proposal
+        self._first: int | None = None
+
+    @property
+    def stats(self) -> DraftStats:
+        return self._stats
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The verified sequence so far (a read-only view)."""
+        v = self._buf.view()
+        v.flags.writeable = False
+        return v
+
+    def reset(self, prompt_tokens) -> None:
+        t0 = time.perf_counter()
+        arr = as_tokens(prompt_tokens, "prompt_tokens")
+        self.context.clear()
+        self._buf.clear()
+        self._buf.extend(arr)
+        if arr.size:
+            self.context._update(self._buf.view(), self.ngram_min, self.ngram_max, int(arr.size))
+        self._stats = DraftStats(draft_seconds=time.perf_counter() - t0)
+        self._last = _EMPTY
+        self._pending.clear()
+        self._prev = 2
+        self._first: int | None = None
+
+    def propose(self, n_max: int | None = None) -> np.ndarray:
+        t0 = time.perf_counter()
+        if n_max is not None and n_max < 0:
+            raise ValueError(f"n_max must be >= 0, got {n_max}")
+        n = self.n_draft if n_max is None else min(int(n_max), self.n_draft)
+        out = _EMPTY
+        self._first = None
+        if n > 0 and self._buf.n > 0:
+            # the buffer holds only validated tokens: call the core directly, skipping
+            # the O(length) re-validation of the public draft()
+            cand = _core._draft(self._buf.view(), n, self.context, self.dynamic, self.static,
+                                self.ngram_min, self.ngram_max)
+            out = cand
+            if self.gate is not None and cand.size:
+                self._first = int(cand[0])
+                state = self.gate.state(int(cand.size), self._prev)
+                self._pending.append((self._buf.n, cand, state))
+                k = self.gate.choose(state, int(cand.size))
+                if k < cand.size:
+                    if k == 0:
+                        self._stats.skipped += 1
+                    out = cand[:k]
+        self._last = out
+        if out.size:
+            self._stats.proposals += 1
+            self._stats.drafted += int(out.size)
+        self._stats.draft_seconds += time.perf_counter() - t0
+        return out
+
+    def accept(self, tokens) -> None:
+        t0 = time.perf_counter()
+        new = as_tokens(tokens)
+        if new.size:
+            last = self._last
+            m = min(last.size, new.size)
+            if m:
+                eq = last[:m] == new[:m]
+                self._stats.accepted += int(m if eq.all() else np.argmin(eq))
+            if self._first is not None:
+                self._prev = 1 if int(new[0]) == self._first else 0
+            elif self.gate is not None:
+                self._prev = 2
+            self._first = None
+            self._buf.extend(new)
+            self.context._update(self._buf.view(), self.ngram_min, self.ngram_max, int(new.size))
+            if self._pending:
+                self._score_pending()
+        self._last = _EMPTY
+        self._stats.draft_seconds += time.perf_counter() - t0
+
+    def _score_pending(self) -> None:
+        seq = self._buf.view()
+        keep = []
+        for start, cand, state in self._pending:
+            have = min(cand.size, self._buf.n - start)
+            eq = cand[:have] == seq[start : start + have]
+            right = int(have if eq.all() else np.argmin(eq))
+            if right < have:  # token right+1 was wrong
+                self.gate.observe(state, right, right + 1)
+            elif have == cand.size:  # all of it was right
+                self.gate.observe(state, right, right)
+            else:  # right so far, the rest is still to come
+                keep.append((start, cand, state))
+        self._pending = keep
+
+    def save_dynamic(self, path: str | os.PathLike) -> NgramCache:
+        """Merge the context cache into the dynamic cache (creating it if there was
+        none) and write it to ``path`` in llama.cpp's format, like ``llama-lookup -lcd``.
+        Returns the dynamic cache."""
+        if self.dynamic is None:
+            self.dynamic = NgramCache()
+        self.dynamic.merge(self.context)
+        self.dynamic.save(path)
+        return self.dynamic
+
+    def __repr__(self) -> str:
+        parts = [f"n_draft={self.n_draft}"]
+        if self.dynamic is not None:
+            parts.append("dynamic")
+        if self.static is not None:
+            parts.append("static")
+        if self.gate is not None:
+            parts.append("gated")
+        return f"<LookupDrafter {' '.join(parts)}, {self._buf.n} tokens>"
+
+
+class OracleDrafter:
+    """Proposes the true continuation (taken from a reference run): the ceiling any
+    drafter can reach with the same verification costs. For benchmarks."""
+
+    def __init__(self, continuation, n_draft: int = 8):
+        if n_draft < 0:
+            raise ValueError(f"n_draft must be >= 0, got {n_draft}")
+        self.continuation = as_tokens(continuation, "continuation")
+        self.n_draft = int(n_draft)
+        self._n_prompt = 0
+        self._n = 0
+        self._stats = DraftStats()
+        self._last = _EMPTY
+
+    @property
+    def stats(self) -> DraftStats:
+        return self._stats
+
+    def reset(self, prompt_tokens) -> None:
+        self._n_prompt = int(as_tokens(prompt_tokens, "prompt_tokens").size)
+        self._n = 0
+        self._stats = DraftStats()
+        self._last = _EMPTY
+
+    def propose(self, n_max: int | None = None) -> np.ndarray:
+        n = self.n_draft if n_max is None else min(int(n_max), self.n_draft)
+        out = self.continuation[self._n : self._n + max(n, 0)]
+        self._last = out
+        if out.size:
+            self._stats.proposals += 1
+            self._stats.drafted += int(out.size)
+        return out
+
+    def accept(self, tokens) -> None:
+        new = as_tokens(tokens)
+        m = min(self._last.size, new.size)
+        if m:
+            eq = self._last[:m] == new[:m]
+            self._stats.accepted += int(m if eq.all() else np.argmin(eq))
+        self._n += int(new.size)
+        self._last = _EMPTY
+
+
+def expected_rate(p: Sequence[float], costs: Sequence[float], k: int) -> float:
+    """Tokens per unit of time when verifying k drafted tokens with conditional
+    acceptances ``p`` (helper for reports and tests)."""
+    c = _check_costs(costs)
+    if k == 0:
+        return 1.0
+    e = 1.0 + float(np.sum(np.cumprod(np.asarray(p, dtype=float)[:k])))
+    return e / float(c[k]) if k < c.size else math.nan
