@@ -43,10 +43,11 @@ Several files are tokenized one by one, each as llama.cpp would tokenize that fi
 order given.
 
 Invalid text: if the text (after escapes) holds a 4-byte UTF-8 sequence whose code point
-lies above U+10FFFF, llama.cpp's tokenizer throws an exception that nothing catches and the
-process aborts. Such text is rejected here first, with an :class:`InvalidTextError` naming
-the file and the byte offset. Other invalid UTF-8 is accepted (llama.cpp replaces each bad
-byte with U+FFFD).
+lies above U+10FFFF, llama.cpp's BPE tokenizers (SmolLM2's, and other non-SentencePiece
+vocabularies) throw an exception that nothing catches and the process aborts. For those
+tokenizers such text is rejected here first, with an :class:`InvalidTextError` naming the
+file and the byte offset. SentencePiece vocabularies (Gemma's) tokenize it like any other
+bytes. Other invalid UTF-8 is accepted (llama.cpp replaces each bad byte with U+FFFD).
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ import importlib.util
 import os
 import re
 import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -297,6 +300,10 @@ def _silence_llama_log(llama_cpp):
     return messages, restore, _collect
 
 
+_LLAMA_VOCAB_TYPE_SPM = 1
+_LOAD_LOCK = threading.Lock()
+
+
 class GGUFTokenizer(_Base):
     """A GGUF model's tokenizer, loaded vocabulary-only through llama-cpp-python (no weights
     are read). ``tokenize(text, add_special)`` is ``llama_tokenize(..., add_special,
@@ -331,12 +338,14 @@ class GGUFTokenizer(_Base):
         _backend_init(llama_cpp)
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
-        messages, restore, keep = _silence_llama_log(llama_cpp)
-        try:
-            model = llama_cpp.llama_model_load_from_file(path.encode(), params)
-        finally:
-            restore()
-            del keep
+        # One load at a time: the log callback is process-global.
+        with _LOAD_LOCK:
+            messages, restore, keep = _silence_llama_log(llama_cpp)
+            try:
+                model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+            finally:
+                restore()
+                del keep
         if not model:
             errors = [m.strip() for m in messages if "error" in m.lower()]
             detail = f": {errors[-1]}" if errors else ""
@@ -345,6 +354,10 @@ class GGUFTokenizer(_Base):
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.vocab_type = int(llama_cpp.llama_vocab_type(self._vocab))
+        # The exception comes from re-encoding code points after a pre-tokenizer split
+        # (BPE, and the other non-SentencePiece types as far as we know); SentencePiece
+        # vocabularies (Gemma's) work on bytes and tokenize such text without complaint.
+        self.rejects_above_max_codepoint = self.vocab_type != _LLAMA_VOCAB_TYPE_SPM
         self._probe_specials()
 
     def tokenize(self, text: bytes, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
@@ -509,7 +522,14 @@ class _Pool:
             import multiprocessing
             self._ex = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"),
                                            initializer=_worker_init, initargs=(self.tok.spec,))
-        return self._ex.map(_worker_tokenize, pieces, chunksize=1)
+        results = self._ex.map(_worker_tokenize, pieces, chunksize=1)
+        try:
+            yield from results
+        except BrokenProcessPool:
+            raise RuntimeError(
+                "a tokenizer worker process died. If this runs from your own script, guard its entry "
+                "point with `if __name__ == \"__main__\":` (worker processes re-import the main module), "
+                "or pass jobs=1 (CLI: -j 1) to tokenize in this process") from None
 
     def close(self) -> None:
         if self._ex is not None:
@@ -552,6 +572,13 @@ def tokenize_text(data: bytes, tok, escape: bool = True, name: str = "<text>", p
     return _tokenize_prepared(text, tok, piece_bytes, None, None)
 
 
+def _available_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _is_binary(path: Path) -> bool:
     with open(path, "rb") as f:
         return b"\0" in f.read(8192)
@@ -591,7 +618,12 @@ def tokenize_files(paths: Iterable[str | os.PathLike], tok, escape: bool = True,
     """Tokenize files (or directories, see :func:`expand_inputs`) as llama.cpp tokenizes each
     ``-f FILE``, and concatenate their tokens in order.
 
-    ``jobs``: worker processes for long texts (default: the number of CPUs; 1 = none).
+    ``jobs``: worker processes for long texts (default: the CPUs this process may use; 1 =
+    tokenize in this process). Workers are started with ``spawn``, which re-imports the
+    main module: a script that calls this with ``jobs > 1`` needs the usual
+    ``if __name__ == "__main__":`` guard. They start only for GGUF tokenizers and at least
+    1 MiB of text (below that, starting them costs more than it saves); a Hugging Face
+    tokenizer runs pieces in its own threads instead.
     ``piece_bytes``: piece size for piecewise tokenization (default 64 KiB; 0 = one call per
     file, exactly llama.cpp's result; see the module docstring for how pieces can differ).
     ``progress``: an object with ``update(n_bytes)`` (e.g. :class:`ngramcache.progress.Progress`
@@ -599,7 +631,7 @@ def tokenize_files(paths: Iterable[str | os.PathLike], tok, escape: bool = True,
     """
     files, _ = expand_inputs(paths)
     if jobs is None:
-        jobs = os.cpu_count() or 1
+        jobs = _available_cpus()
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     if piece_bytes is None:

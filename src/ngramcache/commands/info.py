@@ -1,0 +1,98 @@
+"""``ngramcache info``: what a cache file holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from ._common import Timer, add_output_flags, cache_figures, guarded, input_format, static_table_class, table_figures
+from ..progress import fmt_bytes, fmt_seconds, peak_rss_bytes
+
+DESCRIPTION = """\
+Describe a cache file. For an ngramcache static table (.ngst): its header (read alone,
+without mapping the rest) and section sizes; --verify also checks every section's checksum.
+For a llama.cpp lookup.bin (which has no header): the file is read whole and checked, then
+its records (keys), (key, token) pairs, total and largest counts and keys per n-gram size
+are printed."""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("info", help="print a cache file's header and sizes",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", metavar="FILE", help="cache file (.ngst or llama.cpp lookup.bin)")
+    p.add_argument("--verify", action="store_true", help="static tables: check every section's checksum (reads the whole file)")
+    add_output_flags(p)
+    p.set_defaults(run=run, _parser=p)
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).hex()
+    if hasattr(v, "item"):  # numpy scalars
+        return v.item()
+    return v
+
+
+@guarded("info")
+def run(args) -> int:
+    from ..cache import NgramCache
+
+    fmt = input_format(args.file)
+    timer = Timer()
+    out: dict = {"command": "info", "file": args.file, "format": fmt, "file_bytes": os.path.getsize(args.file)}
+    if fmt == "llama":
+        with timer.stage("read"):
+            cache = NgramCache.load(args.file)
+        f = cache_figures(cache)
+        out.update(records=f["keys"], pairs=f["entries"], total_count=f["total_count"], max_count=f["max_count"],
+                   max_tokens_per_record=f["max_entries_per_key"], records_by_ngram_size=f["keys_by_ngram_size"],
+                   memory_bytes=int(cache.nbytes))
+        if args.verify:
+            out["verified"] = True  # reading it whole is the only check a headerless file allows
+    else:
+        StaticTable = static_table_class()
+        with timer.stage("read header"):
+            header = StaticTable.read_header(args.file)
+        out["header"] = _jsonable(header)
+        with timer.stage("open"):
+            table = StaticTable.open(args.file)
+        out.update(table_figures(table))
+        out["nbytes"] = int(table.nbytes)
+        if args.verify:
+            with timer.stage("verify"):
+                table.verify()
+            out["verified"] = True
+    out["seconds"] = round(timer.total, 4)
+    out["peak_rss_bytes"] = peak_rss_bytes()
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{args.file}: {'ngramcache static table' if fmt == 'ngst' else 'llama.cpp lookup.bin'}, "
+          f"{out['file_bytes']:,} bytes ({fmt_bytes(out['file_bytes'])})")
+    rows = []
+    if fmt == "llama":
+        rows += [("records (keys)", f"{out['records']:,}"), ("pairs (key, token)", f"{out['pairs']:,}"),
+                 ("total count", f"{out['total_count']:,}"), ("largest count", f"{out['max_count']:,}"),
+                 ("most tokens in a record", f"{out['max_tokens_per_record']:,}"),
+                 ("records by n-gram size", ", ".join(f"{k}: {v:,}" for k, v in out["records_by_ngram_size"].items())
+                  or "-"),
+                 ("memory once loaded", fmt_bytes(out["memory_bytes"]))]
+    else:
+        for k, v in out["header"].items():
+            rows.append((f"header.{k}", f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)))
+        rows += [("keys", f"{out['keys']:,}"), ("total count", f"{out['total_count']:,}")]
+        if out["entries"] >= 0:
+            rows.append(("entries", f"{out['entries']:,}"))
+        rows.append(("mapped bytes", f"{out['nbytes']:,}"))
+    if args.verify:
+        rows.append(("verified", "yes"))
+    rows.append(("time", fmt_seconds(out["seconds"])))
+    width = max(len(r[0]) for r in rows)
+    for label, value in rows:
+        print(f"  {label:<{width}}  {value}")
+    return 0
