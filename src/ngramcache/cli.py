@@ -12,6 +12,7 @@ import sys
 
 # name -> module under ngramcache.commands
 COMMANDS = {
+    "create": "create", "merge": "merge", "convert": "convert", "info": "info",
     "stats": "stats",
 }
 
