@@ -15,6 +15,7 @@ Two ways in:
 
 from __future__ import annotations
 
+import abc
 import codecs
 import ctypes
 import importlib.util
@@ -28,9 +29,19 @@ import numpy as np
 try:
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaDraftModel
-except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "ngramcache.llama needs llama-cpp-python: pip install 'ngramcache[llama]'") from e
+except ImportError:  # the loop still runs on any Backend; real models need the extra
+    llama_cpp = None
+
+    class LlamaDraftModel(abc.ABC):  # type: ignore[no-redef]
+        """Stand-in for llama_cpp.llama_speculative.LlamaDraftModel."""
+
+        @abc.abstractmethod
+        def __call__(self, input_ids, /, **kwargs): ...
+
+
+def _need_llama() -> None:
+    if llama_cpp is None:
+        raise ImportError("this needs llama-cpp-python: pip install 'ngramcache[llama]'")
 
 from ._tokens import as_tokens
 from .drafters import AdaptiveGate, DraftStats, Drafter, LookupDrafter, load_costs, store_costs
@@ -112,6 +123,7 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     ``n_threads_batch = cpu_count``, which makes batches look cheaper than single
     tokens; both default here to the usable cores (at most 8).
     """
+    _need_llama()
     path = _check_model_file(model_path)
     if drafter is not None and not isinstance(drafter, LlamaDraftModel):
         if not isinstance(drafter, Drafter):
@@ -293,6 +305,7 @@ class LlamaBackend:
     logits only where asked, KV-cache truncation with ``llama_memory_seq_rm``."""
 
     def __init__(self, llm):
+        _need_llama()
         if not isinstance(llm, llama_cpp.Llama):
             raise TypeError(f"llm must be a llama_cpp.Llama, got {type(llm).__name__}")
         self.llm = llm
@@ -371,7 +384,7 @@ class LlamaBackend:
 
 
 def _backend(llm) -> Backend:
-    if isinstance(llm, llama_cpp.Llama):
+    if llama_cpp is not None and isinstance(llm, llama_cpp.Llama):
         return LlamaBackend.of(llm)
     for attr in ("tokenize", "clear", "decode", "logits", "truncate", "is_eog", "piece"):
         if not callable(getattr(llm, attr, None)):
@@ -643,7 +656,7 @@ def verify_costs(llm, max_batch: int = 9, refresh: bool = False) -> list[float]:
     """Verification costs for this model and thread setting: measured once
     (``calibrate``, a few seconds) and kept in ~/.cache/ngramcache/verify-costs.json
     (override the folder with $NGRAMCACHE_CACHE_DIR)."""
-    if not isinstance(llm, llama_cpp.Llama):
+    if llama_cpp is None or not isinstance(llm, llama_cpp.Llama):
         return calibrate(llm, max_batch)
     nt = llama_cpp.llama_n_threads(llm._ctx.ctx)
     ntb = llama_cpp.llama_n_threads_batch(llm._ctx.ctx)

@@ -1,0 +1,261 @@
+"""LookupDrafter (incremental llama.cpp lookup drafting) and the AdaptiveGate."""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ngramcache as nc
+from ngramcache import AdaptiveGate, Drafter, LookupDrafter, NgramCache, OracleDrafter
+from ngramcache.drafters import _TokenBuffer, expected_rate, load_costs, store_costs
+
+
+def stdlib_tokens(n: int) -> np.ndarray:
+    """Real text as token ids: bytes of a stdlib source file (a byte-level 'tokenizer')."""
+    path = Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py"
+    data = path.read_bytes()[: n]
+    return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
+
+
+def test_protocol():
+    assert isinstance(LookupDrafter(), Drafter)
+    assert isinstance(OracleDrafter([1, 2]), Drafter)
+    assert not isinstance(object(), Drafter)
+
+
+def test_proposals_equal_draft_on_the_whole_sequence():
+    toks = stdlib_tokens(6000)
+    dyn = NgramCache()
+    dyn.update(stdlib_tokens(20000)[10000:])
+    static = NgramCache()
+    static.update(stdlib_tokens(20000), 2, 2)
+    for kw in (dict(), dict(dynamic=dyn), dict(dynamic=dyn, static=static), dict(ngram_min=2, ngram_max=3)):
+        d = LookupDrafter(n_draft=6, **kw)
+        d.reset(toks[:300])
+        ctx = NgramCache()
+        ctx.update(toks[:300], kw.get("ngram_min", 1), kw.get("ngram_max", 4))
+        n = 300
+        step = 0
+        while n < 3000:
+            got = d.propose(6)
+            want = nc.draft(toks[:n], 6, ctx, dynamic=kw.get("dynamic"), static=kw.get("static"),
+                            ngram_min=kw.get("ngram_min", 1), ngram_max=kw.get("ngram_max", 4))
+            assert got.tolist() == want.tolist(), (kw, n)
+            k = 1 + step % 5  # accept a varying number of tokens per step
+            d.accept(toks[n : n + k])
+            ctx.update(toks[: n + k], kw.get("ngram_min", 1), kw.get("ngram_max", 4), nnew=k)
+            n += k
+            step += 1
+        assert d.tokens.tolist() == toks[:n].tolist()
+        # the incrementally kept context cache equals one built in one go (same
+        # continuations in the same first-seen order; keys may be stored in another order)
+        full = NgramCache()
+        full.update(toks[:n], kw.get("ngram_min", 1), kw.get("ngram_max", 4))
+        as_map = lambda c: {k: list(v.items()) for k, v in c.items()}  # noqa: E731
+        assert as_map(d.context) == as_map(full)
+
+
+def test_stats_count_drafted_and_accepted():
+    d = LookupDrafter(n_draft=4)
+    d.reset([1, 2, 3, 1, 2, 3, 1, 2])
+    p = d.propose(4)
+    assert p.tolist() == [3, 1, 2, 3]
+    d.accept([3, 1, 9])  # two right, then the model's own token
+    assert d.stats.drafted == 4 and d.stats.accepted == 2 and d.stats.proposals == 1
+    d.accept([5])  # no proposal in between: nothing counted
+    assert d.stats.accepted == 2
+    assert d.propose(0).size == 0
+    with pytest.raises(ValueError, match="n_max"):
+        d.propose(-1)
+    d.reset([4])
+    assert d.stats.drafted == 0
+
+
+def test_work_per_step_does_not_grow_with_length(monkeypatch):
+    # the context update sees nnew = the new tokens only
+    seen = []
+    d = LookupDrafter()
+    d.reset(stdlib_tokens(5000))
+    orig = NgramCache._update
+
+    def spy(self, tokens, a, b, nnew):
+        seen.append((tokens.size, nnew))
+        return orig(self, tokens, a, b, nnew)
+
+    monkeypatch.setattr(NgramCache, "_update", spy)
+    d.accept([1, 2, 3])
+    d.accept([4])
+    assert seen == [(5003, 3), (5004, 1)]
+
+
+def test_buffer_growth():
+    b = _TokenBuffer(16)
+    ref = []
+    for i in range(200):
+        chunk = np.arange(i % 7, dtype=np.int32) + i
+        b.extend(chunk)
+        ref.extend(chunk.tolist())
+    assert b.view().tolist() == ref
+
+
+def test_save_dynamic_like_lookup_lcd(tmp_path):
+    toks = stdlib_tokens(4000)
+    dyn = NgramCache()
+    dyn.update(toks[:1000])
+    d = LookupDrafter(dynamic=dyn)
+    d.reset(toks[1000:2000])
+    d.accept(toks[2000:2100])
+    out = tmp_path / "lookup-dynamic.bin"
+    merged = d.save_dynamic(out)
+    want = NgramCache()
+    want.update(toks[:1000])
+    ctx = NgramCache()  # built the way llama-lookup builds it: prompt, then each new batch
+    ctx.update(toks[1000:2000])
+    ctx.update(toks[1000:2100], nnew=100)
+    want.merge(ctx)
+    loaded = NgramCache.load(out)
+    assert loaded.to_bytes() == want.to_bytes() == merged.to_bytes()
+    # without a dynamic cache one is created
+    d2 = LookupDrafter()
+    d2.reset(toks[:50])
+    d2.save_dynamic(tmp_path / "new.bin")
+    assert NgramCache.load(tmp_path / "new.bin").to_bytes() == d2.context.to_bytes()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="n_draft"):
+        LookupDrafter(n_draft=-1)
+    with pytest.raises(ValueError, match="ngram"):
+        LookupDrafter(ngram_min=3, ngram_max=2)
+    with pytest.raises(TypeError, match="dynamic"):
+        LookupDrafter(dynamic={})
+    with pytest.raises(TypeError, match="gate"):
+        LookupDrafter(gate=[1.0])
+    with pytest.raises(ValueError, match="negative"):
+        LookupDrafter().reset([1, -2])
+    with pytest.raises(ValueError):
+        LookupDrafter().accept([1.5])
+
+
+def test_oracle():
+    o = OracleDrafter([5, 6, 7, 8, 9], n_draft=3)
+    o.reset([1, 2])
+    o.accept([5])
+    assert o.propose(10).tolist() == [6, 7, 8]
+    o.accept([6, 7, 0])
+    assert o.stats.accepted == 2
+    assert o.propose(2).tolist() == [9]
+
+
+# ---------------------------------------------------------------------------------
+# The gate
+
+
+def test_gate_skips_when_verification_is_dear_and_drafts_are_poor():
+    g = AdaptiveGate([1.0, 1.9, 2.8, 3.7], prior=(1, 4))
+    s = g.state(3, 2)
+    assert g.choose(s, 3) == 0
+    # cheap verification: even a poor draft pays
+    g2 = AdaptiveGate([1.0, 1.02, 1.04, 1.06], prior=(1, 4))
+    assert g2.choose(s, 3) == 2  # p = 0.2: E = 1.2, 1.24, 1.248 over cost 1.02, 1.04, 1.06
+    g3 = AdaptiveGate([1.0, 1.0, 1.0, 1.0], prior=(1, 4))
+    assert g3.choose(s, 3) == 3  # free verification: take everything
+
+
+def test_gate_learns_and_draft_length_follows_acceptance():
+    costs = [1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8, 3.1, 3.4]
+    g = AdaptiveGate(costs, prior=(1, 4))
+    s = g.state(8, 1)
+    assert g.choose(s, 8) == 0
+    for _ in range(50):
+        g.observe(s, 8, 8)  # always entirely right
+    assert g.choose(s, 8) == 8
+    for _ in range(200):
+        g.observe(s, 2, 3)  # right twice, then wrong
+    k = g.choose(s, 8)
+    assert k == 2
+    for _ in range(200):
+        g.observe(s, 0, 1)  # always wrong
+    assert g.choose(s, 8) == 0
+
+
+def test_gate_states_are_separate_but_pooled():
+    g = AdaptiveGate([1.0, 1.4, 1.8], shrink=4.0)
+    a, b = g.state(8, 1), g.state(1, 0)
+    assert a != b
+    for _ in range(100):
+        g.observe(a, 2, 2)
+        g.observe(b, 0, 1)
+    pa, pb = g.probabilities(a, 2), g.probabilities(b, 2)
+    assert pa[0] > 0.9 and pb[0] < 0.1
+    # an unseen state starts from the pooled estimate
+    pc = g.probabilities(g.state(4, 2), 2)
+    assert 0.3 < pc[0] < 0.7
+
+
+def test_gate_choice_maximises_expected_rate():
+    costs = [1.0, 1.1, 1.25, 1.5, 2.0]
+    g = AdaptiveGate(costs, shrink=0.0)
+    s = g.state(4, 1)
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        n = int(rng.integers(0, 5))
+        g.observe(s, n, min(n + 1, 4))
+    p = g.probabilities(s, 4)
+    k = g.choose(s, 4)
+    rates = [expected_rate(p, costs, j) for j in range(5)]
+    assert k == int(np.argmax(rates))
+
+
+def test_gated_drafter_learns_while_skipping():
+    # dear verification: the gate starts by skipping, but scores its declined
+    # proposals against what followed, and starts drafting once they prove right
+    seq = np.tile(np.arange(20, dtype=np.int32), 30)
+    g = AdaptiveGate([1.0, 1.6, 2.2, 2.8, 3.4], prior=(1, 4))
+    d = LookupDrafter(n_draft=4, gate=g)
+    d.reset(seq[:5])
+    n = 5
+    lens = []
+    while n < seq.size - 5:
+        p = d.propose(4)
+        lens.append(p.size)
+        k = 0
+        while k < p.size and p[k] == seq[n + k]:
+            k += 1
+        d.accept(seq[n : n + k + 1])
+        n += k + 1
+    assert lens[0] == 0
+    assert d.stats.skipped > 0
+    assert lens[-1] == 4 and d.stats.acceptance > 0.9
+
+
+def test_gate_bad_arguments():
+    for bad in ([], [1.0, -1.0], [0.0], [[1.0]], [1.0, float("nan")]):
+        with pytest.raises(ValueError):
+            AdaptiveGate(bad)
+    with pytest.raises(ValueError):
+        AdaptiveGate([1.0], decay=0)
+    with pytest.raises(ValueError):
+        AdaptiveGate([1.0], prior=(0, 1))
+
+
+def test_costs_are_kept_on_disk(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 10)
+    cache = tmp_path / "c" / "costs.json"
+    assert load_costs(str(model), 2, 2, str(cache)) is None
+    store_costs(str(model), 2, 2, [0.01, 0.012], str(cache))
+    store_costs(str(model), 1, 2, [0.02, 0.03], str(cache))
+    assert load_costs(str(model), 2, 2, str(cache)) == [0.01, 0.012]
+    assert load_costs(str(model), 1, 2, str(cache)) == [0.02, 0.03]
+    model.write_bytes(b"y" * 11)  # a different file: recalibrate
+    assert load_costs(str(model), 2, 2, str(cache)) is None
+    cache.write_text("{not json")
+    assert load_costs(str(model), 2, 2, str(cache)) is None
+    store_costs(str(model), 2, 2, [0.5], str(cache))  # a damaged file is replaced
+    assert json.loads(cache.read_text())
+    assert [p.name for p in cache.parent.iterdir()] == ["costs.json"]
