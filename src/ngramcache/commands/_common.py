@@ -105,30 +105,20 @@ def output_format(path: str, fmt: str | None) -> str:
                      f"use a {NGST_EXT} or .bin name, or --format ngst|llama")
 
 
+NGST_MAGIC = b"NGST"
+
+
 def input_format(path: str) -> str:
-    """What an existing cache file is: 'ngst' if it has a StaticTable header, else 'llama'
-    (llama.cpp's lookup.bin has no header to recognise it by)."""
+    """What an existing cache file is: 'ngst' if it starts with the static table's magic,
+    else 'llama' (llama.cpp's lookup.bin has no header to recognise it by; a first key
+    token that spells "NGST" would be id 1,414,743,886, beyond any vocabulary)."""
     if os.path.isdir(path):
         raise RunError(f"{path}: is a directory, not a cache file")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    try:
-        from .. import StaticTable
-    except ImportError:
-        StaticTable = None
-    is_ngst_name = os.path.splitext(path)[1].lower() == NGST_EXT
-    if StaticTable is None:
-        if is_ngst_name:
-            static_table_class()  # raises the explanation
-        return "llama"
-    from .. import CacheFormatError
-    try:
-        StaticTable.read_header(path)
+    with open(path, "rb") as f:  # FileNotFoundError names the path
+        magic = f.read(len(NGST_MAGIC))
+    if magic == NGST_MAGIC or (not magic and os.path.splitext(path)[1].lower() == NGST_EXT):
         return "ngst"
-    except CacheFormatError:
-        if is_ngst_name:
-            raise
-        return "llama"
+    return "llama"
 
 
 def check_output_path(out: str, inputs: list[str]) -> None:

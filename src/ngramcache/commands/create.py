@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
     src.add_argument("-m", "--model", metavar="MODEL",
                      help="GGUF model whose tokenizer to use (only its vocabulary is loaded), "
                           "or a packaged model: smollm2, gemma")
-    src.add_argument("--tokenizer", metavar="TOKENIZER_JSON",
+    src.add_argument("--tokenizer", "--tokenizer-json", dest="tokenizer", metavar="TOKENIZER_JSON",
                      help="Hugging Face tokenizer.json to use instead of a GGUF model (needs the 'tokenizers' package)")
     src.add_argument("-f", "--file", dest="files", action="extend", nargs="+", metavar="PATH", default=[],
                      help="text file or directory to read; repeat or list several")
