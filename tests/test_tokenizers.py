@@ -413,7 +413,7 @@ def test_gemma_pieces_add_one_bos_and_match_single_call(gemma):
     text = _stdlib_text(200_000)
     single = T.tokenize_text(text + b"\n", gemma)
     assert single[0] == 2 and (single == 2).sum() == 1
-    pieces = T._tokenize_prepared(T.prepare_text(text + b"\n"), gemma, 16_384, None, None)
+    pieces = T.tokenize_text(text + b"\n", gemma, piece_bytes=16_384)
     assert (pieces == 2).sum() == 1  # one BOS for the text, none per piece
     np.testing.assert_array_equal(pieces, single)
     # SentencePiece works on bytes: no abort, so no error for such text.
@@ -462,6 +462,11 @@ def test_parallel_workers_give_the_same_tokens(smollm2, vectors_dir, monkeypatch
     np.testing.assert_array_equal(got, want)
     # Every input byte is reported, including those the newline/escape steps removed.
     assert sum(seen) == (vectors_dir / "small-static.txt").stat().st_size and len(seen) > 5
+    # Whole files (one call each) spread over the workers, results in order.
+    names = ["prose", "dynpub", "small-static"]
+    got = T.tokenize_files([vectors_dir / f"{n}.txt" for n in names], smollm2, jobs=2, piece_bytes=0)
+    want = np.concatenate([np.fromfile(vectors_dir / f"{n}.tokens.i32", dtype="<i4") for n in names])
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.model

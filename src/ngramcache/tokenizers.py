@@ -57,6 +57,7 @@ import os
 import re
 import sys
 import threading
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -504,32 +505,63 @@ def _worker_init(spec: tuple[str, str]) -> None:
     _WORKER_TOK = _open_spec(spec)
 
 
-def _worker_tokenize(piece: bytes) -> np.ndarray:
-    return _WORKER_TOK.tokenize(piece, add_special=False)
+def _worker_tokenize(text: bytes, add_special: bool) -> np.ndarray:
+    return _WORKER_TOK.tokenize(text, add_special=add_special)
 
 
-class _Pool:
-    """Worker processes, started on first use. 'spawn' so workers inherit no state (llama.cpp
-    threads, a half-initialised tokenizer) and behave the same on every platform."""
+_WORKER_DIED = ("a tokenizer worker process died. If this runs from your own script, guard its entry point "
+                "with `if __name__ == \"__main__\":` (worker processes re-import the main module), or pass "
+                "jobs=1 (CLI: -j 1) to tokenize in this process")
+
+
+class _Pipeline:
+    """Tokenize a stream of texts in order, in worker processes or inline.
+
+    Workers start on first use, with 'spawn' so they inherit no state (llama.cpp threads,
+    a half-initialised tokenizer) and behave the same on every platform. At most a few
+    texts per worker are in flight, so memory stays bounded however long the input."""
 
     def __init__(self, tok, jobs: int):
         self.tok = tok
         self.jobs = jobs
         self._ex: ProcessPoolExecutor | None = None
+        self._inflight: deque = deque()
+        self.results: list[np.ndarray] = []
 
-    def map(self, pieces: list[bytes]):
-        if self._ex is None:
-            import multiprocessing
-            self._ex = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"),
-                                           initializer=_worker_init, initargs=(self.tok.spec,))
-        results = self._ex.map(_worker_tokenize, pieces, chunksize=1)
-        try:
-            yield from results
-        except BrokenProcessPool:
-            raise RuntimeError(
-                "a tokenizer worker process died. If this runs from your own script, guard its entry "
-                "point with `if __name__ == \"__main__\":` (worker processes re-import the main module), "
-                "or pass jobs=1 (CLI: -j 1) to tokenize in this process") from None
+    def add(self, text: bytes | None, add_special: bool = False, done_bytes: int = 0, literal=None,
+            progress=None) -> None:
+        """Queue one text (or a literal token array, e.g. the BOS prefix)."""
+        if literal is not None:
+            self._inflight.append((None, literal, done_bytes))
+        elif self.jobs <= 1:
+            self._inflight.append((None, self.tok.tokenize(text, add_special=add_special), done_bytes))
+        else:
+            if self._ex is None:
+                import multiprocessing
+                self._ex = ProcessPoolExecutor(max_workers=self.jobs,
+                                               mp_context=multiprocessing.get_context("spawn"),
+                                               initializer=_worker_init, initargs=(self.tok.spec,))
+            self._inflight.append((self._ex.submit(_worker_tokenize, text, add_special), None, done_bytes))
+        while len(self._inflight) > 4 * self.jobs:
+            self._collect_one(progress)
+
+    def _collect_one(self, progress) -> None:
+        fut, arr, done = self._inflight.popleft()
+        if fut is not None:
+            try:
+                arr = fut.result()
+            except BrokenProcessPool:
+                raise RuntimeError(_WORKER_DIED) from None
+        self.results.append(arr)
+        if progress is not None and done:
+            progress.update(done)
+
+    def finish(self, progress) -> np.ndarray:
+        while self._inflight:
+            self._collect_one(progress)
+        if not self.results:
+            return np.zeros(0, dtype=np.int32)
+        return np.concatenate(self.results).astype(np.int32, copy=False)
 
     def close(self) -> None:
         if self._ex is not None:
@@ -541,26 +573,29 @@ class _Pool:
 # Public tokenization entry points
 # ----------------------------------------------------------------------------------------
 
-def _tokenize_prepared(text: bytes, tok, piece_bytes: int, pool: _Pool | None, progress) -> np.ndarray:
+def _add_text(pipe: _Pipeline, text: bytes, raw_size: int, tok, piece_bytes: int, progress) -> None:
+    """Queue one prepared text: whole, or as pieces between the specials added once.
+    ``raw_size`` (the file's size) is what progress counts, so the bytes the newline and
+    escape steps removed count as done too."""
     pieces = split_pieces(text, piece_bytes) if tok.prefix is not None else [text]
+    extra = raw_size - len(text)
     if len(pieces) == 1:
-        out = tok.tokenize(text, add_special=True)
-        if progress is not None:
-            progress.update(len(text))
-        return out
-    if pool is not None:
-        results = pool.map(pieces)
-    elif isinstance(tok, HFTokenizer):
-        results = iter(tok.tokenize_pieces(pieces))
+        pipe.add(text, add_special=True, done_bytes=raw_size, progress=progress)
+        return
+    pipe.add(None, literal=tok.prefix, done_bytes=extra, progress=progress)
+    if isinstance(tok, HFTokenizer):  # the library's own threads
+        for piece, ids in zip(pieces, tok.tokenize_pieces(pieces)):
+            pipe.add(None, literal=ids, done_bytes=len(piece), progress=progress)
     else:
-        results = (tok.tokenize(p, add_special=False) for p in pieces)
-    parts = [tok.prefix]
-    for piece, ids in zip(pieces, results):
-        parts.append(ids)
-        if progress is not None:
-            progress.update(len(piece))
-    parts.append(tok.suffix)
-    return np.concatenate(parts).astype(np.int32, copy=False)
+        for piece in pieces:
+            pipe.add(piece, add_special=False, done_bytes=len(piece), progress=progress)
+    pipe.add(None, literal=tok.suffix, progress=progress)
+
+
+def _tokenize_prepared(text: bytes, tok, piece_bytes: int) -> np.ndarray:
+    pipe = _Pipeline(tok, 1)
+    _add_text(pipe, text, len(text), tok, piece_bytes, None)
+    return pipe.finish(None)
 
 
 def tokenize_text(data: bytes, tok, escape: bool = True, name: str = "<text>", piece_bytes: int = 0) -> np.ndarray:
@@ -569,7 +604,7 @@ def tokenize_text(data: bytes, tok, escape: bool = True, name: str = "<text>", p
     ``piece_bytes > 0`` allows piecewise tokenization (see the module docstring); the
     default, 0, makes one tokenizer call, the same as llama.cpp's."""
     text = prepare_text(data, escape, name, check=tok.rejects_above_max_codepoint)
-    return _tokenize_prepared(text, tok, piece_bytes, None, None)
+    return _tokenize_prepared(text, tok, piece_bytes)
 
 
 def _available_cpus() -> int:
@@ -637,24 +672,20 @@ def tokenize_files(paths: Iterable[str | os.PathLike], tok, escape: bool = True,
     if piece_bytes is None:
         piece_bytes = DEFAULT_PIECE_BYTES
     total = sum(f.stat().st_size for f in files)
-    pool = _Pool(tok, jobs) if (jobs > 1 and piece_bytes > 0 and total >= PARALLEL_MIN_BYTES
-                                and isinstance(tok, GGUFTokenizer)) else None
-    out = []
+    parallel = (jobs > 1 and total >= PARALLEL_MIN_BYTES and isinstance(tok, GGUFTokenizer)
+                and (piece_bytes > 0 or len(files) > 1))
+    pipe = _Pipeline(tok, jobs if parallel else 1)
     try:
+        # Files and their pieces go through one ordered stream, so many small files are
+        # spread over the workers as well as the pieces of one long file.
         for f in files:
             data = f.read_bytes()
             text = prepare_text(data, escape, str(f), check=tok.rejects_above_max_codepoint)
-            done_before = len(text)
-            out.append(_tokenize_prepared(text, tok, piece_bytes, pool, progress))
-            # Bytes dropped by the newline and escape steps still count as done.
-            if progress is not None and len(data) > done_before:
-                progress.update(len(data) - done_before)
+            _add_text(pipe, text, len(data), tok, piece_bytes, progress)
+            del data
+        return pipe.finish(progress)
     finally:
-        if pool is not None:
-            pool.close()
-    if not out:
-        return np.zeros(0, dtype=np.int32)
-    return np.concatenate(out).astype(np.int32, copy=False)
+        pipe.close()
 
 
 # ----------------------------------------------------------------------------------------
