@@ -7,6 +7,7 @@ with exact drafting, plus adapters that let a real model verify the drafts.
 from ._core import CacheFormatError
 from .cache import NgramCache
 from .draft import draft
+from .static_table import StaticTable
 from .stats import ReplayStats, replay
 from .drafters import AdaptiveGate, Drafter, DraftStats, LookupDrafter, OracleDrafter
 
@@ -15,3 +16,4 @@ __version__ = "0.1.0"
 __all__ = ["CacheFormatError", "NgramCache", "draft", "__version__"]
 __all__ += ["ReplayStats", "replay"]
 __all__ += ["AdaptiveGate", "Drafter", "DraftStats", "LookupDrafter", "OracleDrafter"]
+__all__ += ["StaticTable"]

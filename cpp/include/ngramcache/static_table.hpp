@@ -154,7 +154,7 @@ struct Header {
     uint32_t bucket_bits = 0;
     Source source = Source::tokens;
     uint64_t n_keys = 0;
-    uint64_t n_pairs = 0;   // (key, token) pairs: what llama.cpp's file holds
+    uint64_t n_entries = 0;  // (key, token) pairs: what llama.cpp's file holds
     uint64_t total = 0;     // sum of all counts
     uint64_t n_stored = 0;  // entries in the entries section (keys with >= 2 continuations)
     uint32_t ck_header = 0;
@@ -211,7 +211,7 @@ inline void encode_header(const Header& h, uint8_t* out) {
     out[10] = static_cast<uint8_t>(h.source);
     out[11] = 0;
     put32(out + 12, static_cast<uint32_t>(h.n_keys));
-    put64(out + 16, h.n_pairs);
+    put64(out + 16, h.n_entries);
     put64(out + 24, h.total);
     put32(out + 32, static_cast<uint32_t>(h.n_stored));
     put64(out + 40, h.ck_index);
@@ -259,7 +259,7 @@ inline Header decode_header(const uint8_t* p, uint64_t file_size, const std::str
     h.ngram_size = p[8];
     h.bucket_bits = p[9];
     h.n_keys = load32(p + 12);
-    h.n_pairs = load64(p + 16);
+    h.n_entries = load64(p + 16);
     h.total = load64(p + 24);
     h.n_stored = load32(p + 32);
     h.ck_index = load64(p + 40);
@@ -274,13 +274,13 @@ inline Header decode_header(const uint8_t* p, uint64_t file_size, const std::str
         fail("bucket bits " + std::to_string(h.bucket_bits) + " do not match " + std::to_string(h.n_keys) +
              " keys");
     // Every key has one continuation kept in its record, or two or more stored entries.
-    const uint64_t singles = h.n_pairs - h.n_stored;
-    if (h.n_pairs < h.n_stored || singles > h.n_keys || h.n_stored < 2 * (h.n_keys - singles) ||
-        (h.n_keys == 0 && h.n_pairs != 0))
-        fail(std::to_string(h.n_pairs) + " pairs and " + std::to_string(h.n_stored) + " stored entries for " +
+    const uint64_t singles = h.n_entries - h.n_stored;
+    if (h.n_entries < h.n_stored || singles > h.n_keys || h.n_stored < 2 * (h.n_keys - singles) ||
+        (h.n_keys == 0 && h.n_entries != 0))
+        fail(std::to_string(h.n_entries) + " entries (" + std::to_string(h.n_stored) + " stored) for " +
              std::to_string(h.n_keys) + " keys are inconsistent");
-    if (h.total < h.n_pairs)
-        fail("total count " + std::to_string(h.total) + " below the pair count " + std::to_string(h.n_pairs) +
+    if (h.total < h.n_entries)
+        fail("total count " + std::to_string(h.total) + " below the pair count " + std::to_string(h.n_entries) +
              " (every count is at least 1)");
     const Layout L = layout_of(h.ngram_size, h.bucket_bits, h.n_keys, h.n_stored);
     if (L.file_size != file_size) {
@@ -518,7 +518,7 @@ public:
 
     int ngram_size() const { return h_.ngram_size; }
     uint64_t n_keys() const { return h_.n_keys; }
-    uint64_t n_pairs() const { return h_.n_pairs; }
+    uint64_t n_entries() const { return h_.n_entries; }
     uint64_t total() const { return h_.total; }
     uint64_t nbytes() const { return size_; }
     bool mapped() const { return mapped_; }
@@ -664,7 +664,7 @@ public:
             }
         }
         if (next != h_.n_stored) fail("the records do not cover the stored entries");
-        if (pairs != h_.n_pairs) fail("the header's pair count differs from the records");
+        if (pairs != h_.n_entries) fail("the header's entry count differs from the records");
         if (total != h_.total) fail("the header's total differs from the sum of all counts");
     }
 
@@ -673,7 +673,7 @@ public:
     // best token on a tie (the later token of a record wins there).
     std::vector<char> to_lookup() const {
         std::vector<char> out;
-        out.reserve(20 * h_.n_keys + 8 * h_.n_pairs);
+        out.reserve(20 * h_.n_keys + 8 * h_.n_entries);
         const int n = h_.ngram_size;
         for (uint64_t i = 0; i < h_.n_keys; ++i) {
             const uint8_t* rec = record(i);
@@ -816,11 +816,11 @@ private:
         h.bucket_bits = ngst::bucket_bits_for(K);
         h.total = total;
         for (uint32_t c : ntok) {
-            h.n_pairs += c;
+            h.n_entries += c;
             h.n_stored += c >= 2 ? c : 0;
         }
         if (h.n_stored > ngst::kMaxU32)
-            throw InputError("too many (key, token) pairs for a static table (" + std::to_string(h.n_pairs) + ")");
+            throw InputError("too many (key, token) entries for a static table (" + std::to_string(h.n_entries) + ")");
         const ngst::Layout L = ngst::layout_of(n, h.bucket_bits, K, h.n_stored);
         std::shared_ptr<uint8_t> img = ngst::alloc_image(L.file_size);
         uint8_t* base = img.get();
