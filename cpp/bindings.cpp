@@ -208,6 +208,12 @@ void register_static(py::module_& m) {
         return header_dict(h, ngst::layout_of(h.ngram_size, h.bucket_bits, h.n_keys, h.n_stored));
     });
 
+    m.def("_static_rechecksum", [](const py::bytes& image) {
+        std::string buf = image;
+        ngst::rewrite_checksums(reinterpret_cast<uint8_t*>(buf.data()), buf.size(), "<bytes>");
+        return py::bytes(buf);
+    });
+
     py::class_<PyStatic>(m, "StaticTable", "Immutable n-gram table (NGST file), opened in O(1) with mmap.")
         .def(py::init([](const StaticPending& p) { return PyStatic{p.t}; }))
         .def("__len__", [](const PyStatic& s) { return s.t.n_keys(); })
@@ -339,21 +345,6 @@ namespace replay_binding {
 // or Ctrl-C arrived); caught while the GIL is released and turned back into that error.
 struct PythonErrorPending {};
 
-// Calls f(static) with the static source `obj` stands for: None, an NgramCache (a loaded
-// lookup.bin) or a StaticTable.
-template <class F>
-void with_static(const py::object& obj, F&& f) {
-    if (obj.is_none()) {
-        f(NoStatic{}, static_cast<const PyCache*>(nullptr));
-    } else if (py::isinstance<PyCache>(obj)) {
-        const PyCache* pc = obj.cast<const PyCache*>();
-        f(CacheAsStatic{&pc->cache}, pc);
-    } else {
-        throw py::type_error("static must be an NgramCache, a StaticTable or None, got " +
-                             std::string(py::str(py::type::of(obj).attr("__name__"))));
-    }
-}
-
 py::dict result_dict(const ReplayResult& r) {
     auto vec = [](const std::vector<int64_t>& v) { return py::cast(v); };
     auto arr = [](const int64_t* p, size_t n) { return py::cast(std::vector<int64_t>(p, p + n)); };
@@ -408,7 +399,7 @@ py::dict replay_py(const Tokens& tokens, long long n_ctx, long long n_draft, py:
     };
     ReplayResult result;
     bool python_error = false;
-    with_static(static_obj, [&](const auto& st, const PyCache* static_cache) {
+    visit_static(static_obj, [&](const auto& st, const PyCache* static_cache) {
         if (update_dynamic && static_cache == dynamic)
             throw InputError("the dynamic cache to update cannot also be the static cache");
         py::gil_scoped_release release;
