@@ -128,6 +128,35 @@ def test_parity_cli_model(vectors_dir, capsys, caches, drafted, accepted, accept
                                     "n_accept": accepted, "accept": accept}
 
 
+@pytest.fixture(scope="module")
+def small_ngst(vectors_dir, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ngst") / "static-small.ngst"
+    nc.StaticTable.from_llama(vectors_dir / STATIC_FILE).save(path)
+    return path
+
+
+@pytest.mark.parametrize("caches, drafted, accepted, accept", ROWS[1:])
+def test_parity_static_table(prose, vectors_dir, small_ngst, capsys, caches, drafted, accepted, accept):
+    dynamic = vectors_dir / DYNAMIC_FILE if "dynamic" in caches else None
+    for static in (nc.StaticTable.open(small_ngst), small_ngst):
+        s = nc.replay(prose, 4096, 8, static=static, dynamic=dynamic)
+        assert (s.n_drafted, s.n_accept) == (drafted, accepted)
+        assert s.static_kind == "static table"
+    assert s.static_load_s < 0.1  # a memory map and a header check
+    flags = ["-lcs", str(small_ngst)] + (["-lcd", str(dynamic)] if dynamic else [])
+    rc = cli_main(["stats", "--tokens", str(vectors_dir / "prose.tokens.i32"), "-c", "4096",
+                   "--spec-draft-n-max", "8", "--json", "-q"] + flags)
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and (d["n_drafted"], d["n_accept"], d["static_kind"]) == (drafted, accepted, "static table")
+
+
+def test_cli_corrupt_static_table(tmp_path, vectors_dir, small_ngst, capsys):
+    bad = tmp_path / "broken.ngst"
+    bad.write_bytes(small_ngst.read_bytes()[:1000])
+    rc, out, err = run_cli(capsys, "--tokens", vectors_dir / "prose.tokens.i32", "-lcs", bad)
+    assert rc == 1 and "failed to open static lookup cache" in err and "broken.ngst" in err and out == ""
+
+
 def test_summary_block_format(prose):
     s = nc.replay(prose, 4096, 8)
     lines = s.summary().split("\n")
