@@ -237,6 +237,24 @@ def test_merge_mixed_formats(vectors_dir, tmp_path, capsys):
     assert canonical_bytes(NgramCache.load(tmp_path / "twice2.bin")) == canonical_bytes(ref)
 
 
+@needs_static
+def test_context_caches_and_static_tables(vectors_dir, tmp_path, capsys):
+    """A static table holds one n-gram size: a context cache (sizes 1-4) needs --ngram-size."""
+    ctx = vectors_dir / "prose.context.bin"
+    rc, out, err = run_cli(capsys, "merge", ctx, vectors_dir / "dynpub.context.bin", tmp_path / "m.ngst")
+    assert rc == 1 and "sizes 1, 2, 3, 4" in err and not (tmp_path / "m.ngst").exists()
+    rc, out, err = run_cli(capsys, "convert", ctx, tmp_path / "c.ngst")
+    assert rc == 1 and "prose.context.bin" in err
+    s = run_json(capsys, "convert", "--ngram-size", "3", ctx, tmp_path / "c3.ngst")
+    ref = NgramCache.load(ctx)
+    want = {k: p for k, p in ref.items() if len(k) == 3}
+    assert s["keys"] == len(want) == 45_205
+    table = ngramcache.StaticTable.open(tmp_path / "c3.ngst")
+    assert table.ngram_size == 3 and all(table.get(k) == p for k, p in list(want.items())[:3000])
+    rc, out, err = run_cli(capsys, "convert", "--ngram-size", "3", ctx, tmp_path / "c3.bin")
+    assert rc == 2 and "--ngram-size applies only" in err
+
+
 def test_convert_llama_to_llama(vectors_dir, tmp_path, capsys):
     s = run_json(capsys, "convert", vectors_dir / "static-small.lcs.bin", tmp_path / "same.bin")
     assert s["input_format"] == "llama" and s["format"] == "llama"

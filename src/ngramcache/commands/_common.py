@@ -156,9 +156,16 @@ def table_to_cache(table):
 
 
 def cache_to_table(cache, out_dir: str | None = None):
+    """A StaticTable with the counts of an NgramCache (whose keys must share one size)."""
     StaticTable = static_table_class()
+    keys = cache.arrays()[0]
+    sizes = sorted({int(n) for n in (keys >= 0).sum(axis=1)}) if keys.shape[0] else [2]
+    if len(sizes) > 1:
+        raise RunError(f"a static table (.ngst) holds n-grams of one size, these counts have sizes "
+                       f"{', '.join(map(str, sizes))} (a context or dynamic cache?): write a llama.cpp "
+                       f".bin file instead")
     if hasattr(StaticTable, "from_cache"):
-        return StaticTable.from_cache(cache)
+        return StaticTable.from_cache(cache, ngram_size=sizes[0])
     with tempfile.TemporaryDirectory(prefix="ngramcache-", dir=out_dir) as d:
         tmp = os.path.join(d, "cache.bin")
         cache.save(tmp)
@@ -192,9 +199,12 @@ def table_figures(table) -> dict:
         info = dict(table.info())
     except Exception:
         pass
+    entries = getattr(table, "n_entries", None)
+    if entries is None:
+        entries = _first(info, "n_entries", "entries", default=-1)
     return {
         "keys": int(len(table)),
-        "entries": int(_first(info, "n_entries", "entries", "num_entries", "entry_count", default=-1)),
+        "entries": int(entries),
         "total_count": int(table.total),
         "ngram_size": int(table.ngram_size),
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ._common import (FORMATS, Timer, add_output_flags, cache_figures, check_output_path, finish, guarded,
+from ._common import (FORMATS, Timer, UsageError, add_output_flags, cache_figures, check_output_path, finish, guarded,
                       input_format, output_format, static_table_class, table_figures)
 
 DESCRIPTION = """\
@@ -27,6 +27,9 @@ def add_parser(sub) -> None:
     p.add_argument("input", metavar="IN", help="cache file to read (either format)")
     p.add_argument("output", metavar="OUT", help="file to write")
     p.add_argument("--format", choices=FORMATS, help="output format (default: from OUT's extension)")
+    p.add_argument("--ngram-size", type=int, choices=(1, 2, 3, 4), metavar="N",
+                   help="lookup.bin -> .ngst: keep only the keys of N tokens (needed for a context or "
+                        "dynamic cache, which holds sizes 1-4; a static table holds one size)")
     add_output_flags(p)
     p.set_defaults(run=run, _parser=p)
 
@@ -38,6 +41,8 @@ def run(args) -> int:
     fmt = output_format(args.output, args.format)
     check_output_path(args.output, [args.input])
     in_fmt = input_format(args.input)
+    if args.ngram_size is not None and not (in_fmt == "llama" and fmt == "ngst"):
+        raise UsageError("--ngram-size applies only to converting a lookup.bin into a static table (.ngst)")
     timer = Timer()
     if in_fmt == "llama" and fmt == "llama":
         with timer.stage("read"):
@@ -48,7 +53,10 @@ def run(args) -> int:
     else:
         StaticTable = static_table_class()
         with timer.stage("read"):
-            table = StaticTable.from_llama(args.input) if in_fmt == "llama" else StaticTable.open(args.input)
+            if in_fmt == "llama":
+                table = StaticTable.from_llama(args.input, ngram_size=args.ngram_size)
+            else:
+                table = StaticTable.open(args.input)
         with timer.stage("write"):
             if fmt == "llama":
                 table.to_llama(args.output)

@@ -38,6 +38,23 @@ def _jsonable(v):
     return v
 
 
+def _header_rows(header: dict, prefix: str = "header") -> list[tuple[str, str]]:
+    rows = []
+    for k, v in header.items():
+        name = f"{prefix}.{k}"
+        if isinstance(v, dict):
+            rows += _header_rows(v, name)
+        elif isinstance(v, bool) or v is None:
+            rows.append((name, str(v)))
+        elif isinstance(v, int):
+            rows.append((name, f"0x{v:016x}" if "checksum" in prefix else f"{v:,}"))
+        elif isinstance(v, (list, tuple)) and len(v) == 2 and "section" in prefix:
+            rows.append((name, f"offset {v[0]:,}, {v[1]:,} bytes"))
+        else:
+            rows.append((name, str(v)))
+    return rows
+
+
 @guarded("info")
 def run(args) -> int:
     from ..cache import NgramCache
@@ -83,8 +100,7 @@ def run(args) -> int:
                   or "-"),
                  ("memory once loaded", fmt_bytes(out["memory_bytes"]))]
     else:
-        for k, v in out["header"].items():
-            rows.append((f"header.{k}", f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)))
+        rows += _header_rows(out["header"])
         rows += [("keys", f"{out['keys']:,}"), ("total count", f"{out['total_count']:,}")]
         if out["entries"] >= 0:
             rows.append(("entries", f"{out['entries']:,}"))
