@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
     src.add_argument("--no-escape", action="store_true",
                      help="do not process escape sequences (llama.cpp's --no-escape)")
     src.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
-                     help="tokenizer worker processes for long texts (default: the number of CPUs)")
+                     help="tokenizer worker processes for long texts (default: one less than the CPUs; 1 = none)")
     src.add_argument("--piece-size", type=int, default=None, metavar="BYTES",
                      help="tokenize long texts in pieces of about this many bytes (default 65536; "
                           "0 = one tokenizer call per file, exactly as llama.cpp)")
