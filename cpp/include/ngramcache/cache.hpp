@@ -7,6 +7,7 @@
 // the threshold tests of drafting decide most steps before looking at a candidate.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -240,7 +241,9 @@ public:
         size_t want = slots_.size();
         while (4 * (n_keys + 1) > 3 * want) want *= 2;
         if (want != slots_.size()) rehash(want);
-        keys_.reserve(n_keys);
+        // Geometric, never exact: repeated merges of small caches into a big one must not
+        // reallocate the key array every time (that is quadratic).
+        if (n_keys > keys_.capacity()) keys_.reserve(std::max(n_keys, 2 * keys_.capacity()));
     }
 
     void swap(NgramCache& o) noexcept {
