@@ -32,16 +32,28 @@ def canonical_bytes(cache: NgramCache) -> bytes:
     """cache-stats.jsonl's canonical form: records sorted by key (signed int32 slots,
     lexicographic), pairs by token, written in the lookup.bin layout."""
     keys, offsets, toks, cnts = cache.arrays()
+    offsets = offsets.astype(np.int64)
+    n = np.diff(offsets)
     order = np.lexsort((keys[:, 3], keys[:, 2], keys[:, 1], keys[:, 0]))
-    out = bytearray()
-    for i in order:
-        a, b = int(offsets[i]), int(offsets[i + 1])
-        t, c = toks[a:b], cnts[a:b]
-        s = np.argsort(t, kind="stable")
-        pairs = np.empty((b - a, 2), dtype="<i4")
-        pairs[:, 0], pairs[:, 1] = t[s], c[s]
-        out += keys[i].astype("<i4").tobytes() + np.int32(b - a).astype("<i4").tobytes() + pairs.tobytes()
-    return bytes(out)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    # Entries in (record rank, token) order.
+    rec_of_entry = np.repeat(np.arange(keys.shape[0]), n)
+    eorder = np.lexsort((toks, rank[rec_of_entry]))
+    n_sorted = n[order]
+    out = np.empty(int((5 * order.size) + 2 * n.sum()), dtype="<i4")
+    starts = np.concatenate([[0], np.cumsum(5 + 2 * n_sorted)[:-1]]).astype(np.int64)
+    for j in range(4):
+        out[starts + j] = keys[order, j]
+    out[starts + 4] = n_sorted
+    # Position of each sorted entry: its record's start + 5 + 2 * (index within the record).
+    rec_sorted = np.repeat(np.arange(order.size), n_sorted)
+    first = np.concatenate([[0], np.cumsum(n_sorted)[:-1]]).astype(np.int64)
+    within = np.arange(eorder.size) - first[rec_sorted]
+    pos = starts[rec_sorted] + 5 + 2 * within
+    out[pos] = toks[eorder]
+    out[pos + 1] = cnts[eorder]
+    return out.tobytes()
 
 
 def canonical_sha(path) -> str:
