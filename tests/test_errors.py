@@ -371,3 +371,18 @@ def test_concurrent_merges_in_both_directions_do_not_deadlock():
     t1.start(), t2.start()
     t1.join(timeout=60), t2.join(timeout=60)
     assert not t1.is_alive() and not t2.is_alive() and not errors
+
+
+def test_counts_beyond_int32_raise_instead_of_wrapping():
+    """lookup.bin stores int32 counts; llama.cpp would wrap silently. Here update and merge
+    raise OverflowError and the count stays at its last valid value."""
+    full = nc.NgramCache.from_bytes(rec((1,), [(2, INT32_MAX)]))
+    with pytest.raises(OverflowError, match="int32"):
+        full.update([1, 2], 1, 1)
+    with pytest.raises(OverflowError, match="int32"):
+        full.merge(full)
+    other = nc.NgramCache.from_bytes(rec((1,), [(2, 1)]))
+    with pytest.raises(OverflowError, match="int32"):
+        full.merge(other)
+    assert full.get([1]) == {2: INT32_MAX}
+    assert nc.NgramCache.from_bytes(full.to_bytes()).get([1]) == {2: INT32_MAX}
