@@ -455,7 +455,9 @@ PYBIND11_MODULE(_core, m) {
         } catch (const FileNotFound& e) {
             py::set_error(PyExc_FileNotFoundError, e.what());
         } catch (const std::system_error& e) {
-            py::set_error(PyExc_OSError, e.what());
+            // OSError(errno, msg) picks the matching subclass (IsADirectoryError, ...).
+            py::object err = py::reinterpret_borrow<py::object>(PyExc_OSError)(e.code().value(), e.what());
+            PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
         }
     });
 

@@ -37,6 +37,8 @@ class NgramCache(_core.NgramCache):
         """
         _check_sizes(ngram_min, ngram_max)
         if nnew is not None:
+            if not isinstance(nnew, (int, np.integer)) or isinstance(nnew, bool):
+                raise ValueError(f"nnew must be an integer or None, got {type(nnew).__name__}")
             if nnew < 0:
                 raise ValueError(f"nnew must be >= 0, got {nnew}")
             # Only the last nnew + ngram_max tokens take part: validate and pass just those,

@@ -8,6 +8,10 @@ from . import _core
 from ._tokens import as_tokens
 from .cache import NgramCache, _check_sizes
 
+# The output buffer is allocated up front; a cycle in the caches can make a draft as long as
+# n_draft, so an absurd n_draft is a mistake to report, not memory to reserve.
+MAX_DRAFT = 1 << 20
+
 
 def draft(tokens, n_draft: int, context: NgramCache, dynamic: NgramCache | None = None,
           static=None, ngram_min: int = 1, ngram_max: int = 4) -> np.ndarray:
@@ -25,6 +29,8 @@ def draft(tokens, n_draft: int, context: NgramCache, dynamic: NgramCache | None 
         raise ValueError(f"n_draft must be an integer, got {type(n_draft).__name__}")
     if n_draft < 0:
         raise ValueError(f"n_draft must be >= 0, got {n_draft}")
+    if n_draft > MAX_DRAFT:
+        raise ValueError(f"n_draft must be <= {MAX_DRAFT}, got {n_draft}")
     _check_sizes(ngram_min, ngram_max)
     if not isinstance(context, _core.NgramCache):
         raise TypeError(f"context must be an NgramCache, got {type(context).__name__}")

@@ -35,6 +35,9 @@ struct FileNotFound : std::runtime_error {   // -> FileNotFoundError
 };
 
 inline std::vector<char> read_file(const std::string& path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        throw std::system_error(EISDIR, std::generic_category(), path + " is a directory, not a cache file");
     FILE* f = std::fopen(path.c_str(), "rb");
     if (f == nullptr) {
         if (errno == ENOENT) throw FileNotFound(path + ": no such file");
