@@ -549,15 +549,26 @@ public:
         if (hi > h_.n_keys || lo > hi) return nullptr;
         for (uint64_t i = lo; i < hi; ++i) {
             const uint8_t* rec = records_ + i * L_.stride;
-            if (std::memcmp(rec + ngst::kRecKey, key, 4 * size_t(n)) == 0) return rec;
+            int j = 0;
+            while (j < n && ngst::loadi32(rec + ngst::kRecKey + 4 * j) == key[j]) ++j;
+            if (j == n) return rec;
         }
         return nullptr;
     }
 
-    // The Static interface of draft.hpp (2-gram tables; the caller checks the size).
+    // The Static interface of draft.hpp, for 2-gram tables (the caller checks the size):
+    // find() with the key compared as one 64-bit word.
     Ref find2(token_t a, token_t b) const {
         const token_t key[2] = {a, b};
-        return find(key);
+        const uint64_t b64 = ngst::bucket_of(ngst::key_hash(key, 2), h_.bucket_bits);
+        const uint32_t lo = ngst::load32(buckets_ + 4 * b64), hi = ngst::load32(buckets_ + 4 * b64 + 4);
+        if (hi > h_.n_keys || lo > hi) return nullptr;
+        const uint64_t want = uint64_t(uint32_t(a)) | uint64_t(uint32_t(b)) << 32;
+        for (uint64_t i = lo; i < hi; ++i) {
+            const uint8_t* rec = records_ + i * L_.stride;
+            if (ngst::load64(rec + ngst::kRecKey) == want) return rec;
+        }
+        return nullptr;
     }
 
     // The stored entries of a record, clamped to the entries section. Empty means the
