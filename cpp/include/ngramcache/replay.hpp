@@ -10,6 +10,7 @@
 // and each context update, nothing else.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -157,7 +158,9 @@ ReplayResult replay(const token_t* inp, size_t n_input, const ReplayOptions& opt
     detail::count_overlap(inp, n_chunks * n_ctx, dynamic, st, r);
 
     NgramCache context;
-    if (n_chunks > 0) context.reserve(kNgramMax * n_ctx);
+    // Capped, so that a huge n_ctx does not zero a table far larger than the text needs.
+    const size_t context_keys = kNgramMax * std::min<size_t>(n_ctx, size_t(1) << 16);
+    if (n_chunks > 0) context.reserve(context_keys);
     std::vector<token_t> out;
     out.reserve(n_ctx);
     std::vector<token_t> drafted(n_draft + 1);
@@ -214,7 +217,7 @@ ReplayResult replay(const token_t* inp, size_t n_input, const ReplayOptions& opt
         // A chunk adds at most 4 keys per token. Sizing the table once per chunk (llama.cpp's
         // unordered_map keeps its buckets across clear() too) spares the timed updates a
         // dozen rehashes; it changes no result, only where keys sit in the table.
-        context.reserve(kNgramMax * n_ctx);
+        context.reserve(context_keys);
         ++r.n_chunks;
     }
     r.t_replay_ns = detail::elapsed_ns(t_loop);
