@@ -363,6 +363,9 @@ class LlamaBackend:
         llama_cpp.llama_set_n_threads(self.ctx, nt, ntb)
 
     def decode(self, tokens, pos0: int, logits_from: int) -> None:
+        if len(tokens) > self.n_batch:
+            # llama.cpp would abort the process (GGML_ASSERT), not return an error
+            raise ValueError(f"cannot decode {len(tokens)} tokens at once: n_batch is {self.n_batch}")
         if len(tokens) > self._batch.capacity:
             self._batch.free()
             self._batch = _Batch(len(tokens))
@@ -736,9 +739,12 @@ def calibrate(llm, max_batch: int = 9, repeats: int = 5, n_context: int = 64) ->
     fastest of ``repeats`` rounds: load from other processes only ever adds time.
     Returns seconds per batch size."""
     m = _backend(llm)
+    if not 1 <= max_batch <= m.n_batch:
+        raise ValueError(f"max_batch must be in 1..n_batch ({m.n_batch}), got {max_batch}")
     m.clear()
     ctx_toks = (np.arange(n_context, dtype=np.int64) * 7919 % min(m.n_vocab - 100, 30000) + 100).astype(np.int32)
-    m.decode(ctx_toks, 0, n_context - 1)
+    for s in range(0, n_context, m.n_batch):
+        m.decode(ctx_toks[s : s + m.n_batch], s, m.n_batch)
     best = [float("inf")] * max_batch
     for r in range(repeats + 1):  # round 0 warms up
         for k in range(1, max_batch + 1):
@@ -778,6 +784,7 @@ def adaptive_drafter(llm, static=None, dynamic=None, n_draft: int = 8, ngram_min
                      ngram_max: int = 4, refresh: bool = False) -> LookupDrafter:
     """A ``LookupDrafter`` whose draft lengths follow this model's verification costs
     (``verify_costs``) and the acceptance seen so far (``AdaptiveGate``)."""
-    costs = verify_costs(llm, max_batch=n_draft + 1, refresh=refresh) if n_draft > 0 else [1.0]
+    n_batch = _backend(llm).n_batch
+    costs = verify_costs(llm, max_batch=min(n_draft + 1, n_batch), refresh=refresh) if n_draft > 0 else [1.0]
     return LookupDrafter(static=static, dynamic=dynamic, n_draft=n_draft, ngram_min=ngram_min,
                          ngram_max=ngram_max, gate=AdaptiveGate(costs))
