@@ -311,8 +311,11 @@ using Bytes = std::shared_ptr<const uint8_t>;
 // Zero-filled anonymous memory for the big build arrays: the kernel zeroes pages as they
 // are first touched, so there is no separate memset pass over hundreds of MB.
 inline uint8_t* map_zeroed(uint64_t size) {
-    void* p = ::mmap(nullptr, size == 0 ? kAlign : size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                     -1, 0);
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS;
+#ifdef MAP_POPULATE
+    flags |= MAP_POPULATE;  // every page gets written: faulting them in one go is cheaper
+#endif
+    void* p = ::mmap(nullptr, size == 0 ? kAlign : size, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     return static_cast<uint8_t*>(p);
 }
@@ -347,14 +350,14 @@ private:
 };
 
 // Stable LSD radix sort by bits [lo, hi) of unsigned integers E (64 or 128 bits), with
-// at most 11-bit digits (2048 counters per pass stay in L1). Stability is what keeps the
+// digits of at most 12 bits (4096 counters per pass stay in L1). Stability is what keeps the
 // corpus order inside a key. `count` every element first, then `sort`.
 template <class E>
 class RadixSort {
 public:
     RadixSort(int lo, int hi) : lo_(lo) {
         const int nbits = hi > lo ? hi - lo : 0;
-        passes_ = (nbits + 10) / 11;
+        passes_ = (nbits + 11) / 12;
         d_ = passes_ ? (nbits + passes_ - 1) / passes_ : 0;
         nb_ = size_t(1) << d_;
         mask_ = static_cast<E>(nb_ - 1);
@@ -438,9 +441,9 @@ public:
         int w = 1;
         while ((uint64_t(1) << w) < n_ids) ++w;
         const token_t* map = id_tok.empty() ? nullptr : id_tok.data();
-        if ((n + 1) * w <= 64) return build_packed<uint64_t>(ids, n_tokens, n, w, map, n_ids);
+        if ((n + 1) * w <= 64) return build_n<uint64_t>(ids, n_tokens, n, w, map, n_ids);
         __extension__ typedef unsigned __int128 u128;
-        return build_packed<u128>(ids, n_tokens, n, w, map, n_ids);
+        return build_n<u128>(ids, n_tokens, n, w, map, n_ids);
     }
 
     // The keys of size n of `cache`. A key's continuations keep the cache's first-seen
@@ -899,10 +902,20 @@ private:
         return t;
     }
 
-    // build() for ids packed (n+1) x w bits into E: key ids high, next-token id low.
+    // The n-gram size as a compile-time constant, so the per-observation loops unroll.
     template <class E>
-    static StaticTable build_packed(const uint32_t* ids, size_t N, int n, int w, const token_t* id_tok,
-                                    uint64_t n_ids) {
+    static StaticTable build_n(const uint32_t* ids, size_t N, int n, int w, const token_t* id_tok, uint64_t n_ids) {
+        switch (n) {
+            case 1: return build_packed<E, 1>(ids, N, w, id_tok, n_ids);
+            case 2: return build_packed<E, 2>(ids, N, w, id_tok, n_ids);
+            case 3: return build_packed<E, 3>(ids, N, w, id_tok, n_ids);
+            default: return build_packed<E, 4>(ids, N, w, id_tok, n_ids);
+        }
+    }
+
+    // build() for ids packed (n+1) x w bits into E: key ids high, next-token id low.
+    template <class E, int n>
+    static StaticTable build_packed(const uint32_t* ids, size_t N, int w, const token_t* id_tok, uint64_t n_ids) {
         NGST_PHASE("start");
         const size_t M = N - n;  // observations: positions n..N-1
         ngst::BigArray<E> obs(M);
