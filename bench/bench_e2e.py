@@ -1,0 +1,223 @@
+"""End-to-end benchmark (issue 5): a real model verifying drafts, tokens per second.
+
+    .venv/bin/python bench/bench_e2e.py                      # full: both models, 5 workloads
+    .venv/bin/python bench/bench_e2e.py --quick              # smoke test: tiny sizes
+    .venv/bin/python bench/bench_e2e.py --models gemma --tokens 96 --repeats 3 --json out.json
+
+Workloads (``ngramcache.data``, real text already on the machine, nothing written for this):
+summarise a long document (GPL-3), edit a function (stdlib ``posixpath.relpath``), answer by
+quoting a passage (RAG over GPL-3), a three-turn edit conversation (stdlib ``shlex.quote``,
+``textwrap.dedent``), and an open-ended control prompt.
+
+Variants, all greedy, in one process, order alternating between rounds, median of the rounds:
+
+  plain         ngramcache's loop without drafts (one token per decode)
+  lcpp-plain    llama-cpp-python's own loop without drafts (parity check of the baseline)
+  pld-10        llama-cpp-python LlamaPromptLookupDecoding, its defaults (num_pred_tokens=10)
+  pld-2         the same with num_pred_tokens=2 (its README's advice for CPUs)
+  ngc           ngramcache, context cache only, adaptive draft length
+  ngc+static    ngramcache with a static table built from ~2 MB of other stdlib code
+  oracle        proposes the true continuation (from the plain run) with the draft length
+                that maximises (k+1)/cost(k+1): the ceiling with the same verification costs
+
+Prints markdown tables (generation alone, and end to end with the prompt) for RESULTS.md.
+Never run it while another model process is running: timings would mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+import ngramcache as nc  # noqa: E402
+from ngramcache import data  # noqa: E402
+from ngramcache import llama as nl  # noqa: E402
+
+VARIANTS = ("plain", "lcpp-plain", "pld-10", "pld-2", "ngc", "ngc+static", "oracle")
+# files whose text the workloads quote: kept out of the static corpus
+EXCLUDE = {"posixpath.py", "textwrap.py", "shlex.py", "genericpath.py"}
+
+
+def static_corpus_text(limit_bytes: int) -> str:
+    root = Path(data.stdlib_dir())
+    parts, n = [], 0
+    for p in sorted(root.glob("*.py")):
+        if p.name in EXCLUDE:
+            continue
+        try:
+            t = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        parts.append(t)
+        n += len(t)
+        if n >= limit_bytes:
+            break
+    return "".join(parts)[:limit_bytes]
+
+
+def static_tokens(llm, model_path: str, limit_bytes: int) -> np.ndarray:
+    """The static corpus in this model's tokens, cached in the temp folder."""
+    tag = hashlib.sha1(f"{model_path}|{os.path.getsize(model_path)}|{limit_bytes}|{sys.version}".encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"ngramcache-e2e-static-{tag}.npy"
+    if path.exists():
+        return np.load(path)
+    text = static_corpus_text(limit_bytes)
+    toks = []
+    piece = 32_000  # Gemma 3's tokenizer slows down on long inputs
+    for s in range(0, len(text), piece):
+        toks.extend(llm.tokenize(text[s : s + piece].encode("utf-8"), add_bos=False, special=False))
+    arr = np.asarray(toks, dtype=np.int32)
+    np.save(path, arr)
+    return arr
+
+
+def oracle_draft_len(costs: list[float], n_max: int) -> int:
+    c = np.asarray(costs) / costs[0]
+    ks = np.arange(1, min(n_max, c.size - 1) + 1)
+    return int(ks[np.argmax((ks + 1) / c[ks])])
+
+
+def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_draft: int,
+              static_bytes: int, threads: int | None, log) -> dict:
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    llm = nl.make_llama(model_path, n_ctx=4096, n_threads=threads)
+    be = nl.LlamaBackend.of(llm)
+    n_prompts = [len(be.tokenize(t.prompt)) for t in tasks]
+    n_ctx = max(n_prompts) + n_tokens + 32
+    llm_pld = nl.make_llama(model_path, drafter=LlamaPromptLookupDecoding(), n_ctx=n_ctx, n_threads=threads)
+    costs = nl.verify_costs(llm, max_batch=n_draft + 1)
+    log(f"[{name}] verify costs (x one token): {[round(x / costs[0], 2) for x in costs]}")
+    t = time.perf_counter()
+    st_tokens = static_tokens(llm, model_path, static_bytes)
+    static = nc.StaticTable.build(st_tokens, 2)
+    log(f"[{name}] static table: {st_tokens.size:,} tokens, {len(static):,} keys ({time.perf_counter() - t:.1f} s)")
+    k_oracle = oracle_draft_len(costs, n_draft)
+
+    results = {}
+    for task, n_prompt in zip(tasks, n_prompts):
+        plain0 = nl.generate(llm, task.prompt, None, n_tokens)  # warm-up and the oracle's truth
+        truth = plain0.tokens
+        runs = {v: [] for v in VARIANTS}
+        for r in range(repeats):
+            order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
+            for v in order:
+                if v == "plain":
+                    res = nl.generate(llm, task.prompt, None, n_tokens)
+                elif v == "lcpp-plain":
+                    res = nl.generate_llama_cpp(llm, task.prompt, n_tokens)
+                elif v in ("pld-10", "pld-2"):
+                    npt = 10 if v == "pld-10" else 2
+                    llm_pld.draft_model = nl.CountingDraftModel(LlamaPromptLookupDecoding(num_pred_tokens=npt))
+                    res = nl.generate_llama_cpp(llm_pld, task.prompt, n_tokens)
+                elif v == "ngc":
+                    res = nl.generate(llm, task.prompt, nc.LookupDrafter(n_draft=n_draft, gate=nc.AdaptiveGate(costs)),
+                                      n_tokens)
+                elif v == "ngc+static":
+                    res = nl.generate(llm, task.prompt, nc.LookupDrafter(static=static, n_draft=n_draft,
+                                                                         gate=nc.AdaptiveGate(costs)), n_tokens)
+                else:
+                    res = nl.generate(llm, task.prompt, nc.OracleDrafter(truth, n_draft=k_oracle), n_tokens)
+                runs[v].append(res)
+        row = {}
+        for v, rs in runs.items():
+            ident = [r.tokens.tolist() == truth.tolist() for r in rs]
+            div = None
+            if not all(ident):
+                a, b = truth.tolist(), rs[ident.index(False)].tokens.tolist()
+                div = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            row[v] = {
+                "gen_tok_s": statistics.median(r.gen_tokens_per_s for r in rs),
+                "e2e_tok_s": statistics.median(r.e2e_tokens_per_s for r in rs),
+                "prompt_s": statistics.median(r.t_prompt for r in rs),
+                "draft_s": statistics.median(r.t_draft for r in rs),
+                "tokens": rs[0].n_tokens, "drafted": rs[0].drafted, "accepted": rs[0].accepted,
+                "identical": all(ident), "first_divergence": div,
+            }
+        results[task.name] = {"n_prompt": n_prompt, "variants": row}
+        p = row["plain"]
+        log(f"[{name}] {task.name}: prompt {n_prompt} tok; plain {p['gen_tok_s']:.1f} tok/s; " + ", ".join(
+            f"{v} {row[v]['gen_tok_s'] / p['gen_tok_s']:.2f}x" for v in VARIANTS[1:]))
+    llm_pld.close()
+    llm.close()
+    return {"model": os.path.basename(model_path), "costs": costs, "oracle_k": k_oracle, "tasks": results}
+
+
+def markdown(all_results: dict, key: str) -> str:
+    lines = []
+    for model, res in all_results.items():
+        lines.append(f"\n**{model}** ({res['model']}), {'generation only' if key == 'gen_tok_s' else 'end to end (prompt included)'}:"
+                     f" tok/s, speedup over plain, share of the oracle's tok/s\n")
+        lines.append("| workload | prompt tok | " + " | ".join(VARIANTS) + " |")
+        lines.append("|---|---:|" + "---:|" * len(VARIANTS))
+        for task, tr in res["tasks"].items():
+            v = tr["variants"]
+            base = v["plain"][key]
+            orc = v["oracle"][key]
+            cells = []
+            for name in VARIANTS:
+                x = v[name][key]
+                cell = f"{x:.1f}" if name == "plain" else f"{x:.1f} ({x / base:.2f}x, {100 * x / orc:.0f}%)"
+                if not v[name]["identical"]:
+                    cell += f" ≠@{v[name]['first_divergence']}"
+                cells.append(cell)
+            lines.append(f"| {task} | {tr['n_prompt']} | " + " | ".join(cells) + " |")
+        acc = []
+        for task, tr in res["tasks"].items():
+            v = tr["variants"]
+            acc.append(f"{task}: " + ", ".join(
+                f"{n} {v[n]['accepted']}/{v[n]['drafted']}" for n in ("pld-10", "pld-2", "ngc", "ngc+static", "oracle")))
+        if key == "gen_tok_s":
+            lines.append("\naccepted/drafted: " + "; ".join(acc))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="gemma,smollm2", help="comma list of gemma, smollm2, or GGUF paths")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens generated per run (default 128)")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per workload (default 3)")
+    ap.add_argument("--n-draft", type=int, default=8)
+    ap.add_argument("--static-bytes", type=int, default=2_000_000, help="static corpus size (default 2 MB)")
+    ap.add_argument("--workloads", default="all", help="comma list of workload names, or all")
+    ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="smoke test: 16 tokens, 1 round, 2 workloads, 200 KB static")
+    ap.add_argument("--json", metavar="FNAME", help="also write every figure here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.tokens, args.repeats, args.static_bytes = 16, 1, 200_000
+    tasks = data.bench_tasks()
+    if args.quick and args.workloads == "all":
+        tasks = [tasks[1], tasks[4]]
+    elif args.workloads != "all":
+        want = set(args.workloads.split(","))
+        tasks = [t for t in tasks if t.name in want]
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    all_results = {}
+    for m in args.models.split(","):
+        path = {"gemma": nl.default_model_path, "smollm2": nl.smollm2_model_path}.get(m, lambda: m)()
+        all_results[m] = run_model(m, path, tasks, args.tokens, args.repeats, args.n_draft, args.static_bytes,
+                                   args.threads, log)
+    print(f"\n{args.tokens} tokens per run, median of {args.repeats} rounds, "
+          f"threads={args.threads or 'default'}; ≠@i: output differs from plain greedy from token i")
+    print(markdown(all_results, "gen_tok_s"))
+    print(markdown(all_results, "e2e_tok_s"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": all_results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
