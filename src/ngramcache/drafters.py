@@ -138,11 +138,13 @@ class AdaptiveGate:
         self.overhead = float(overhead)  # cost of one proposal, in units of a 1-token verify
         self.max_len = self.costs.size - 1
         n_states = len(self._LEN_BUCKETS) * 3
-        # hits/trials per (state, position); position j = drafted token j+1
-        self._hits = np.zeros((n_states, self.max_len + 1))
-        self._trials = np.zeros((n_states, self.max_len + 1))
-        self._pool_hits = np.zeros(self.max_len + 1)
-        self._pool_trials = np.zeros(self.max_len + 1)
+        # hits/trials per (state, position), position j = drafted token j+1. Plain lists:
+        # at most a few dozen numbers per step, where numpy's per-call cost would dominate.
+        self._cost = [float(c) for c in self.costs]
+        self._hits = [[0.0] * (self.max_len + 1) for _ in range(n_states)]
+        self._trials = [[0.0] * (self.max_len + 1) for _ in range(n_states)]
+        self._pool_hits = [0.0] * (self.max_len + 1)
+        self._pool_trials = [0.0] * (self.max_len + 1)
 
     def state(self, proposal_len: int, prev: int) -> int:
         """State index from the proposal's length and the previous outcome
@@ -155,24 +157,30 @@ class AdaptiveGate:
 
     def probabilities(self, state: int, n: int) -> np.ndarray:
         """Estimated conditional acceptance of drafted tokens 1..n in ``state``."""
-        n = min(n, self.max_len + 1)
+        return np.asarray(self._probs(state, min(n, self.max_len + 1)))
+
+    def _probs(self, state: int, n: int) -> list[float]:
         a, b = self.prior
-        pool = (self._pool_hits[:n] + a) / (self._pool_trials[:n] + a + b)
-        h, t = self._hits[state, :n], self._trials[state, :n]
-        return (h + self.shrink * pool) / (t + self.shrink)
+        w = self.shrink
+        h, t = self._hits[state], self._trials[state]
+        ph, pt = self._pool_hits, self._pool_trials
+        return [(h[j] + w * (ph[j] + a) / (pt[j] + a + b)) / (t[j] + w) for j in range(n)]
 
     def choose(self, state: int, available: int) -> int:
         """How many of ``available`` drafted tokens to verify (0 = do not draft)."""
         k_max = min(available, self.max_len)
         if k_max <= 0:
             return 0
-        p = self.probabilities(state, k_max)
-        expected = 1.0 + np.cumsum(np.cumprod(p))
-        cost = self.costs[1 : k_max + 1] + self.overhead
-        rate = expected / cost
-        best = int(np.argmax(rate))
-        # plain decoding yields 1 token per unit of cost
-        return best + 1 if rate[best] > 1.0 else 0
+        best_k, best_rate = 0, 1.0  # plain decoding: 1 token per unit of cost
+        expected, run = 1.0, 1.0
+        cost = self._cost
+        for j, p in enumerate(self._probs(state, k_max)):
+            run *= p
+            expected += run
+            rate = expected / (cost[j + 1] + self.overhead)
+            if rate > best_rate:
+                best_k, best_rate = j + 1, rate
+        return best_k
 
     def observe(self, state: int, n_right: int, n_scored: int) -> None:
         """A proposal in ``state`` had its first ``n_right`` tokens right, out of
@@ -183,14 +191,14 @@ class AdaptiveGate:
             return
         tried = n_right + (1 if n_right < n_scored else 0)
         d = self.decay
-        self._hits[state, :tried] *= d
-        self._trials[state, :tried] *= d
-        self._pool_hits[:tried] *= d
-        self._pool_trials[:tried] *= d
-        self._hits[state, :n_right] += 1
-        self._trials[state, :tried] += 1
-        self._pool_hits[:n_right] += 1
-        self._pool_trials[:tried] += 1
+        h, t = self._hits[state], self._trials[state]
+        ph, pt = self._pool_hits, self._pool_trials
+        for j in range(tried):
+            hit = 1.0 if j < n_right else 0.0
+            h[j] = h[j] * d + hit
+            t[j] = t[j] * d + 1.0
+            ph[j] = ph[j] * d + hit
+            pt[j] = pt[j] * d + 1.0
 
 
 # ---------------------------------------------------------------------------------
