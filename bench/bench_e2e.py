@@ -15,7 +15,10 @@ Variants, all greedy, in one process, order alternating between rounds, median o
   lcpp-plain    llama-cpp-python's own loop without drafts (parity check of the baseline)
   pld-10        llama-cpp-python LlamaPromptLookupDecoding, its defaults (num_pred_tokens=10)
   pld-2         the same with num_pred_tokens=2 (its README's advice for CPUs)
-  ngc           ngramcache, context cache only, adaptive draft length
+  fixed8-lcpp   llama.cpp's lookup drafts (LookupDrafter, always up to 8) in llama-cpp-python's
+                loop (Llama(draft_model=LlamaDrafter(...)), logits_all)
+  fixed8        the same drafts in ngramcache's loop: the two loops compared on equal drafts
+  ngc           ngramcache, context cache only, adaptive draft length (up to --n-draft)
   ngc+static    ngramcache with a static table built from ~2 MB of other stdlib code
   oracle        proposes the true continuation (from the plain run) with the draft length
                 that maximises (k+1)/cost(k+1): the ceiling with the same verification costs
@@ -44,7 +47,7 @@ import ngramcache as nc  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
 
-VARIANTS = ("plain", "lcpp-plain", "pld-10", "pld-2", "ngc", "ngc+static", "oracle")
+VARIANTS = ("plain", "lcpp-plain", "pld-10", "pld-2", "fixed8-lcpp", "fixed8", "ngc", "ngc+static", "oracle")
 # files whose text the workloads quote: kept out of the static corpus
 EXCLUDE = {"posixpath.py", "textwrap.py", "shlex.py", "genericpath.py"}
 
@@ -97,6 +100,8 @@ def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_
     n_prompts = [len(be.tokenize(t.prompt)) for t in tasks]
     n_ctx = max(n_prompts) + n_tokens + 32
     llm_pld = nl.make_llama(model_path, drafter=LlamaPromptLookupDecoding(), n_ctx=n_ctx, n_threads=threads)
+    # llama-cpp-python's loop decodes [token + draft] with n_batch rows at most
+    assert llm_pld.n_batch >= n_draft + 1
     costs = nl.verify_costs(llm, max_batch=n_draft + 1)
     log(f"[{name}] verify costs (x one token): {[round(x / costs[0], 2) for x in costs]}")
     t = time.perf_counter()
@@ -121,6 +126,11 @@ def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_
                     npt = 10 if v == "pld-10" else 2
                     llm_pld.draft_model = nl.CountingDraftModel(LlamaPromptLookupDecoding(num_pred_tokens=npt))
                     res = nl.generate_llama_cpp(llm_pld, task.prompt, n_tokens)
+                elif v == "fixed8-lcpp":
+                    llm_pld.draft_model = nl.CountingDraftModel(nl.LlamaDrafter(nc.LookupDrafter(n_draft=8)))
+                    res = nl.generate_llama_cpp(llm_pld, task.prompt, n_tokens)
+                elif v == "fixed8":
+                    res = nl.generate(llm, task.prompt, nc.LookupDrafter(n_draft=8), n_tokens)
                 elif v == "ngc":
                     res = nl.generate(llm, task.prompt, nc.LookupDrafter(n_draft=n_draft, gate=nc.AdaptiveGate(costs)),
                                       n_tokens)
@@ -177,7 +187,7 @@ def markdown(all_results: dict, key: str) -> str:
         for task, tr in res["tasks"].items():
             v = tr["variants"]
             acc.append(f"{task}: " + ", ".join(
-                f"{n} {v[n]['accepted']}/{v[n]['drafted']}" for n in ("pld-10", "pld-2", "ngc", "ngc+static", "oracle")))
+                f"{n} {v[n]['accepted']}/{v[n]['drafted']}" for n in ("pld-10", "pld-2", "fixed8", "ngc", "ngc+static", "oracle")))
         if key == "gen_tok_s":
             lines.append("\naccepted/drafted: " + "; ".join(acc))
     return "\n".join(lines)
@@ -188,7 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="gemma,smollm2", help="comma list of gemma, smollm2, or GGUF paths")
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated per run (default 128)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds per workload (default 3)")
-    ap.add_argument("--n-draft", type=int, default=8)
+    ap.add_argument("--n-draft", type=int, default=16, help="most tokens drafted per step by ngc (default 16)")
     ap.add_argument("--static-bytes", type=int, default=2_000_000, help="static corpus size (default 2 MB)")
     ap.add_argument("--workloads", default="all", help="comma list of workload names, or all")
     ap.add_argument("-t", "--threads", type=int, default=None)

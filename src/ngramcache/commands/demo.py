@@ -47,8 +47,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     src.add_argument("-f", "--file", metavar="FNAME", help="file holding the prompt")
     p.add_argument("-n", "--n-predict", type=int, default=160, metavar="N", help="tokens to generate (default: 160)")
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="runs of each method (default: 3)")
-    p.add_argument("--spec-draft-n-max", type=int, default=8, metavar="N", dest="n_draft",
-                   help="most tokens ngramcache drafts per step (default: 8)")
+    p.add_argument("--spec-draft-n-max", type=int, default=16, metavar="N", dest="n_draft",
+                   help="most tokens ngramcache drafts per step (default: 16)")
     p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="threads for single tokens and batches alike (default: usable cores, at most 8)")
     p.add_argument("--show", type=int, default=12, metavar="LINES",

@@ -43,8 +43,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="static cache: ngramcache static table (.ngst) or llama.cpp lookup.bin")
     p.add_argument("-lcd", "--lookup-cache-dynamic", metavar="FNAME",
                    help="dynamic cache (llama.cpp lookup.bin): read if it exists, updated and written at the end")
-    p.add_argument("--spec-draft-n-max", type=int, default=8, metavar="N", dest="n_draft",
-                   help="most tokens drafted per step (default: 8)")
+    p.add_argument("--spec-draft-n-max", type=int, default=16, metavar="N", dest="n_draft",
+                   help="most tokens drafted per step (default: 16; with adaptive drafting only what pays is verified)")
     p.add_argument("-n", "--n-predict", type=int, default=128, metavar="N",
                    help="tokens to generate; -1 = until end of text or a full context (default: 128)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default: 4096)")
