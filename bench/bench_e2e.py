@@ -18,7 +18,9 @@ Variants, all greedy, in one process, order alternating between rounds, median o
   fixed8-lcpp   llama.cpp's lookup drafts (LookupDrafter, always up to 8) in llama-cpp-python's
                 loop (Llama(draft_model=LlamaDrafter(...)), logits_all)
   fixed8        the same drafts in ngramcache's loop: the two loops compared on equal drafts
-  ngc           ngramcache, context cache only, adaptive draft length (up to --n-draft)
+  lookup        llama.cpp's lookup drafts (context cache only), adaptive draft length (up to --n-draft)
+  ngc           ngramcache's default drafter: copies of earlier spans, else llama.cpp's lookup
+                (CopyDrafter), adaptive draft length
   ngc+static    ngramcache with a static table built from ~2 MB of other stdlib code
   oracle        proposes the true continuation (from the plain run) with the draft length
                 that maximises (k+1)/cost(k+1): the ceiling with the same verification costs
@@ -47,7 +49,8 @@ import ngramcache as nc  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
 
-VARIANTS = ("plain", "lcpp-plain", "pld-10", "pld-2", "fixed8-lcpp", "fixed8", "ngc", "ngc+static", "oracle")
+VARIANTS = ("plain", "lcpp-plain", "pld-10", "pld-2", "fixed8-lcpp", "fixed8", "lookup", "ngc", "ngc+static",
+            "oracle")
 # files whose text the workloads quote: kept out of the static corpus
 EXCLUDE = {"posixpath.py", "textwrap.py", "shlex.py", "genericpath.py"}
 
@@ -131,12 +134,15 @@ def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_
                     res = nl.generate_llama_cpp(llm_pld, task.prompt, n_tokens)
                 elif v == "fixed8":
                     res = nl.generate(llm, task.prompt, nc.LookupDrafter(n_draft=8), n_tokens)
-                elif v == "ngc":
+                elif v == "lookup":
                     res = nl.generate(llm, task.prompt, nc.LookupDrafter(n_draft=n_draft, gate=nc.AdaptiveGate(costs)),
                                       n_tokens)
+                elif v == "ngc":
+                    res = nl.generate(llm, task.prompt, nc.CopyDrafter(n_draft=n_draft, gate=nc.AdaptiveGate(costs)),
+                                      n_tokens)
                 elif v == "ngc+static":
-                    res = nl.generate(llm, task.prompt, nc.LookupDrafter(static=static, n_draft=n_draft,
-                                                                         gate=nc.AdaptiveGate(costs)), n_tokens)
+                    res = nl.generate(llm, task.prompt, nc.CopyDrafter(static=static, n_draft=n_draft,
+                                                                       gate=nc.AdaptiveGate(costs)), n_tokens)
                 else:
                     res = nl.generate(llm, task.prompt, nc.OracleDrafter(truth, n_draft=k_oracle), n_tokens)
                 runs[v].append(res)
@@ -187,7 +193,7 @@ def markdown(all_results: dict, key: str) -> str:
         for task, tr in res["tasks"].items():
             v = tr["variants"]
             acc.append(f"{task}: " + ", ".join(
-                f"{n} {v[n]['accepted']}/{v[n]['drafted']}" for n in ("pld-10", "pld-2", "fixed8", "ngc", "ngc+static", "oracle")))
+                f"{n} {v[n]['accepted']}/{v[n]['drafted']}" for n in ("pld-10", "pld-2", "fixed8", "lookup", "ngc", "ngc+static", "oracle")))
         if key == "gen_tok_s":
             lines.append("\naccepted/drafted: " + "; ".join(acc))
     return "\n".join(lines)

@@ -259,3 +259,44 @@ def test_costs_are_kept_on_disk(tmp_path):
     store_costs(str(model), 2, 2, [0.5], str(cache))  # a damaged file is replaced
     assert json.loads(cache.read_text())
     assert [p.name for p in cache.parent.iterdir()] == ["costs.json"]
+
+
+# ---------------------------------------------------------------------------------
+# CopyDrafter
+
+
+def test_copy_drafter_continues_the_longest_earlier_match():
+    #          0  1  2  3  4  5  6  7  8  9 10 11 12 13
+    seq = [1, 2, 3, 9, 9, 5, 2, 3, 7, 7, 8, 0, 5, 2, 3]
+    d = nc.CopyDrafter(n_draft=3)
+    d.reset(seq)
+    # "2 3" occurs after 1 (pos 2) and after 5 (pos 7); "5 2 3" matches pos 7 longer
+    assert d.propose(3).tolist() == [7, 7, 8]
+    d.accept([7, 7, 1])
+    # now "...7 1": "7 1" never occurred -> the lookup fallback (the context cache's 1-gram "1" -> 2)
+    want = nc.draft(seq + [7, 7, 1], 3, d.context)
+    assert d.propose(3).tolist() == want.tolist()
+
+
+def test_copy_index_incremental_equals_rebuilt():
+    toks = stdlib_tokens(5000)
+    a = nc.CopyDrafter(n_draft=6)
+    a.reset(toks[:100])
+    n = 100
+    while n < 4000:
+        k = 1 + n % 4
+        a.accept(toks[n : n + k])
+        n += k
+        b = nc.CopyDrafter(n_draft=6)
+        b.reset(toks[:n])
+        assert a.propose(6).tolist() == b.propose(6).tolist()
+    assert a._index == b._index
+
+
+def test_copy_drafter_bad_arguments():
+    with pytest.raises(ValueError):
+        nc.CopyDrafter(min_match=0)
+    with pytest.raises(ValueError):
+        nc.CopyDrafter(min_match=5, max_match=4)
+    with pytest.raises(ValueError):
+        nc.CopyDrafter(max_candidates=0)

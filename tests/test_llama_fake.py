@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ngramcache import AdaptiveGate, DraftStats, LookupDrafter, NgramCache, OracleDrafter
+from ngramcache import AdaptiveGate, CopyDrafter, DraftStats, LookupDrafter, NgramCache, OracleDrafter
 from ngramcache.llama import LlamaDrafter, generate, stream
 
 V = 64
@@ -171,7 +171,9 @@ def test_dynamic_static_and_gated_drafters_equal_plain():
     gate = AdaptiveGate([1.0, 1.1, 1.2, 1.3, 1.5, 1.6, 1.8, 2.0, 2.2])
     for drafter in (LookupDrafter(dynamic=dyn), LookupDrafter(static=static),
                     LookupDrafter(dynamic=dyn, static=static, n_draft=5),
-                    LookupDrafter(gate=gate), LookupDrafter(gate=AdaptiveGate([1.0, 5.0, 9.0]), n_draft=2)):
+                    LookupDrafter(gate=gate), LookupDrafter(gate=AdaptiveGate([1.0, 5.0, 9.0]), n_draft=2),
+                    CopyDrafter(), CopyDrafter(gate=AdaptiveGate([1.0, 1.1, 1.2, 1.3, 1.5]), n_draft=4),
+                    CopyDrafter(static=static, dynamic=dyn, min_match=3, n_draft=12)):
         fm = FakeModel()
         r = generate(fm, PROMPT, drafter, 200)
         assert r.tokens.tolist() == want, drafter

@@ -9,11 +9,11 @@ from .cache import NgramCache
 from .draft import draft
 from .static_table import StaticTable
 from .stats import ReplayStats, replay
-from .drafters import AdaptiveGate, Drafter, DraftStats, LookupDrafter, OracleDrafter
+from .drafters import AdaptiveGate, CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter
 
 __version__ = "0.1.0"
 
 __all__ = ["CacheFormatError", "NgramCache", "draft", "__version__"]
 __all__ += ["ReplayStats", "replay"]
-__all__ += ["AdaptiveGate", "Drafter", "DraftStats", "LookupDrafter", "OracleDrafter"]
+__all__ += ["AdaptiveGate", "CopyDrafter", "Drafter", "DraftStats", "LookupDrafter", "OracleDrafter"]
 __all__ += ["StaticTable"]

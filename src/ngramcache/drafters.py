@@ -118,8 +118,10 @@ class AdaptiveGate:
     including the proposals the gate declined, so skipping does not stop learning.
     """
 
-    #: proposal lengths are bucketed: 1, 2-3, 4-7, 8+
+    #: proposal lengths (or match lengths) are bucketed: 1, 2-3, 4-7, 8+
     _LEN_BUCKETS = (1, 2, 4, 8)
+    #: where a proposal came from: 0 lookup caches, 1 a copy of an earlier span
+    N_SOURCES = 2
 
     def __init__(self, costs: Sequence[float], decay: float = 0.97, prior: tuple[float, float] = (1.0, 2.0),
                  shrink: float = 4.0, overhead: float = 0.0):
@@ -137,7 +139,7 @@ class AdaptiveGate:
         self.shrink = float(shrink)
         self.overhead = float(overhead)  # cost of one proposal, in units of a 1-token verify
         self.max_len = self.costs.size - 1
-        n_states = len(self._LEN_BUCKETS) * 3
+        n_states = len(self._LEN_BUCKETS) * 3 * self.N_SOURCES
         # hits/trials per (state, position), position j = drafted token j+1. Plain lists:
         # at most a few dozen numbers per step, where numpy's per-call cost would dominate.
         self._cost = [float(c) for c in self.costs]
@@ -146,14 +148,15 @@ class AdaptiveGate:
         self._pool_hits = [0.0] * (self.max_len + 1)
         self._pool_trials = [0.0] * (self.max_len + 1)
 
-    def state(self, proposal_len: int, prev: int) -> int:
-        """State index from the proposal's length and the previous outcome
-        (0: previous first token wrong, 1: right, 2: no previous proposal)."""
+    def state(self, proposal_len: int, prev: int, source: int = 0) -> int:
+        """State index from the proposal's length (for copies: the length of the match
+        it continues), the previous outcome (0: previous first token wrong, 1: right,
+        2: no previous proposal) and the source (0 lookup, 1 copy)."""
         b = 0
         for i, lo in enumerate(self._LEN_BUCKETS):
             if proposal_len >= lo:
                 b = i
-        return b * 3 + prev
+        return (source * len(self._LEN_BUCKETS) + b) * 3 + prev
 
     def probabilities(self, state: int, n: int) -> np.ndarray:
         """Estimated conditional acceptance of drafted tokens 1..n in ``state``."""
@@ -182,19 +185,21 @@ class AdaptiveGate:
                 best_k, best_rate = j + 1, rate
         return best_k
 
-    def observe(self, state: int, n_right: int, n_scored: int) -> None:
-        """A proposal in ``state`` had its first ``n_right`` tokens right, out of
-        ``n_scored`` tokens compared (``n_right < n_scored`` means token n_right+1 was wrong)."""
-        n_scored = min(n_scored, self.max_len + 1)
-        n_right = min(n_right, n_scored)
-        if n_scored <= 0:
+    def observe(self, state: int, n_right: int, n_scored: int, start: int = 0) -> None:
+        """Drafted tokens ``start+1 .. start+n_scored`` of a proposal made in ``state``
+        were compared with what followed: the first ``n_right`` of them were right
+        (``n_right < n_scored``: the next one was wrong). Tokens before ``start`` were
+        reported earlier (proposals are scored as the text arrives)."""
+        end = min(start + n_scored, self.max_len + 1)
+        n_right = min(n_right, end - start)
+        if end <= start:
             return
-        tried = n_right + (1 if n_right < n_scored else 0)
+        tried = start + n_right + (1 if start + n_right < end else 0)
         d = self.decay
         h, t = self._hits[state], self._trials[state]
         ph, pt = self._pool_hits, self._pool_trials
-        for j in range(tried):
-            hit = 1.0 if j < n_right else 0.0
+        for j in range(start, tried):
+            hit = 1.0 if j < start + n_right else 0.0
             h[j] = h[j] * d + hit
             t[j] = t[j] * d + 1.0
             ph[j] = ph[j] * d + hit
@@ -305,8 +310,8 @@ class LookupDrafter:
         self._buf = _TokenBuffer()
         self._stats = DraftStats()
         self._last = _EMPTY  # the proposal awaiting verification
-        # proposals awaiting scoring against what really followed: (start, tokens, state)
-        self._pending: list[tuple[int, np.ndarray, int]] = []
+        # proposals being scored against what really followed: (start, tokens, state, scored)
+        self._pending: list[tuple[int, np.ndarray, int, int]] = []
         self._prev = 2  # previous proposal's first token: 0 wrong, 1 right, 2 no proposal
         self._first: int | None = None
 
@@ -329,6 +334,7 @@ class LookupDrafter:
         self._buf.extend(arr)
         if arr.size:
             self.context._update(self._buf.view(), self.ngram_min, self.ngram_max, int(arr.size))
+        self._reset_index()
         self._stats = DraftStats(draft_seconds=time.perf_counter() - t0)
         self._last = _EMPTY
         self._pending.clear()
@@ -345,13 +351,12 @@ class LookupDrafter:
         if n > 0 and self._buf.n > 0:
             # the buffer holds only validated tokens: call the core directly, skipping
             # the O(length) re-validation of the public draft()
-            cand = _core._draft(self._buf.view(), n, self.context, self.dynamic, self.static,
-                                self.ngram_min, self.ngram_max)
+            cand, conf, source = self._candidates(n)
             out = cand
             if self.gate is not None and cand.size:
                 self._first = int(cand[0])
-                state = self.gate.state(int(cand.size), self._prev)
-                self._pending.append((self._buf.n, cand, state))
+                state = self.gate.state(conf, self._prev, source)
+                self._pending.append((self._buf.n, cand, state, 0))
                 k = self.gate.choose(state, int(cand.size))
                 if k < cand.size:
                     if k == 0:
@@ -363,6 +368,14 @@ class LookupDrafter:
             self._stats.drafted += int(out.size)
         self._stats.draft_seconds += time.perf_counter() - t0
         return out
+
+    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
+        """(proposal, confidence length, source) for the gate."""
+        # the buffer holds only validated tokens: call the core directly, skipping the
+        # O(length) re-validation of the public draft()
+        cand = _core._draft(self._buf.view(), n, self.context, self.dynamic, self.static,
+                            self.ngram_min, self.ngram_max)
+        return cand, int(cand.size), 0
 
     def accept(self, tokens) -> None:
         t0 = time.perf_counter()
@@ -380,24 +393,33 @@ class LookupDrafter:
             self._first = None
             self._buf.extend(new)
             self.context._update(self._buf.view(), self.ngram_min, self.ngram_max, int(new.size))
+            self._appended(int(new.size))
             if self._pending:
                 self._score_pending()
         self._last = _EMPTY
         self._stats.draft_seconds += time.perf_counter() - t0
 
+    def _reset_index(self) -> None:
+        """Hook: the buffer was refilled from scratch."""
+
+    def _appended(self, n_new: int) -> None:
+        """Hook: ``n_new`` tokens were appended to the buffer."""
+
     def _score_pending(self) -> None:
+        # score each pending proposal on the tokens that arrived since the last call,
+        # so that the gate learns at once even while it declines to draft
         seq = self._buf.view()
         keep = []
-        for start, cand, state in self._pending:
+        for start, cand, state, done in self._pending:
             have = min(cand.size, self._buf.n - start)
-            eq = cand[:have] == seq[start : start + have]
-            right = int(have if eq.all() else np.argmin(eq))
-            if right < have:  # token right+1 was wrong
-                self.gate.observe(state, right, right + 1)
-            elif have == cand.size:  # all of it was right
-                self.gate.observe(state, right, right)
-            else:  # right so far, the rest is still to come
-                keep.append((start, cand, state))
+            if have <= done:
+                keep.append((start, cand, state, done))
+                continue
+            eq = cand[done:have] == seq[start + done : start + have]
+            right = int(eq.size if eq.all() else np.argmin(eq))
+            self.gate.observe(state, right, right + 1 if right < eq.size else right, start=done)
+            if right == eq.size and have < cand.size:
+                keep.append((start, cand, state, have))
         self._pending = keep
 
     def save_dynamic(self, path: str | os.PathLike) -> NgramCache:
@@ -419,6 +441,81 @@ class LookupDrafter:
         if self.gate is not None:
             parts.append("gated")
         return f"<LookupDrafter {' '.join(parts)}, {self._buf.n} tokens>"
+
+
+class CopyDrafter(LookupDrafter):
+    """Copies spans: when the newest tokens repeat an earlier stretch of the sequence,
+    proposes what followed that stretch; otherwise drafts as ``LookupDrafter``.
+
+    Of the earlier places where the last ``min_match`` tokens occurred (the newest
+    ``max_candidates``), it continues the one whose match extends furthest back (up to
+    ``max_match`` tokens; the newest wins ties). llama.cpp's lookup chooses each drafted
+    token by n-gram counts, which in text being copied (code under edit, a quoted
+    passage) often picks a continuation seen more often elsewhere; a copy follows one
+    place. Work per step is bounded by ``max_candidates * max_match`` comparisons plus
+    one index entry per new token, never the length of the sequence.
+
+    With a gate, copies and lookups are judged separately, copies by match length.
+    """
+
+    def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = 16,
+                 ngram_min: int = 1, ngram_max: int = 4, gate: AdaptiveGate | None = None,
+                 min_match: int = 2, max_match: int = 32, max_candidates: int = 8):
+        super().__init__(static=static, dynamic=dynamic, n_draft=n_draft, ngram_min=ngram_min,
+                         ngram_max=ngram_max, gate=gate)
+        if not 1 <= min_match <= max_match:
+            raise ValueError(f"need 1 <= min_match <= max_match, got {min_match}, {max_match}")
+        if max_candidates < 1:
+            raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
+        self.min_match = int(min_match)
+        self.max_match = int(max_match)
+        self.max_candidates = int(max_candidates)
+        self._index: dict[tuple, list[int]] = {}
+        self._indexed = 0  # positions < _indexed are in the index
+
+    def _reset_index(self) -> None:
+        self._index = {}
+        self._indexed = 0
+        self._appended(0)
+
+    def _appended(self, n_new: int) -> None:
+        # index every position i (end of a min_match-gram) that has a successor
+        seq = self._buf.view()
+        m = self.min_match
+        end = self._buf.n - 1  # the newest token has no successor yet
+        i = max(self._indexed, m - 1)
+        if i < end:
+            toks = seq[max(0, i - m + 1) : end].tolist()
+            off = max(0, i - m + 1)
+            idx = self._index
+            for j in range(i, end):
+                key = tuple(toks[j - m + 1 - off : j + 1 - off])
+                lst = idx.get(key)
+                if lst is None:
+                    idx[key] = [j]
+                else:
+                    lst.append(j)
+            self._indexed = end
+
+    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
+        seq = self._buf.view()
+        last = self._buf.n - 1
+        m = self.min_match
+        if last + 1 >= m:
+            lst = self._index.get(tuple(seq[last - m + 1 : last + 1].tolist()))
+            if lst:
+                best_pos, best_len = -1, 0
+                for pos in reversed(lst[-self.max_candidates :]):
+                    length = m
+                    limit = min(self.max_match, pos + 1)
+                    while length < limit and seq[pos - length] == seq[last - length]:
+                        length += 1
+                    if length > best_len:
+                        best_pos, best_len = pos, length
+                cand = seq[best_pos + 1 : min(best_pos + 1 + n, last + 1)]
+                if cand.size:
+                    return cand.copy(), best_len, 1
+        return super()._candidates(n)
 
 
 class OracleDrafter:

@@ -44,7 +44,7 @@ def _need_llama() -> None:
         raise ImportError("this needs llama-cpp-python: pip install 'ngramcache[llama]'")
 
 from ._tokens import as_tokens
-from .drafters import AdaptiveGate, DraftStats, Drafter, LookupDrafter, load_costs, store_costs
+from .drafters import AdaptiveGate, CopyDrafter, DraftStats, Drafter, LookupDrafter, load_costs, store_costs
 
 __all__ = [
     "LlamaDrafter", "GenerationResult", "generate", "stream", "make_llama", "check_llama",
@@ -780,11 +780,14 @@ def verify_costs(llm, max_batch: int = 9, refresh: bool = False) -> list[float]:
     return costs
 
 
-def adaptive_drafter(llm, static=None, dynamic=None, n_draft: int = 8, ngram_min: int = 1,
-                     ngram_max: int = 4, refresh: bool = False) -> LookupDrafter:
-    """A ``LookupDrafter`` whose draft lengths follow this model's verification costs
-    (``verify_costs``) and the acceptance seen so far (``AdaptiveGate``)."""
+def adaptive_drafter(llm, static=None, dynamic=None, n_draft: int = 16, ngram_min: int = 1,
+                     ngram_max: int = 4, refresh: bool = False, copy: bool = True) -> LookupDrafter:
+    """ngramcache's drafter for ``llm``: a ``CopyDrafter`` (copies of earlier spans, else
+    llama.cpp's lookup; ``copy=False``: a ``LookupDrafter``) whose draft lengths follow
+    this model's verification costs (``verify_costs``) and the acceptance seen so far
+    (``AdaptiveGate``)."""
     n_batch = _backend(llm).n_batch
     costs = verify_costs(llm, max_batch=min(n_draft + 1, n_batch), refresh=refresh) if n_draft > 0 else [1.0]
-    return LookupDrafter(static=static, dynamic=dynamic, n_draft=n_draft, ngram_min=ngram_min,
-                         ngram_max=ngram_max, gate=AdaptiveGate(costs))
+    cls = CopyDrafter if copy else LookupDrafter
+    return cls(static=static, dynamic=dynamic, n_draft=n_draft, ngram_min=ngram_min,
+               ngram_max=ngram_max, gate=AdaptiveGate(costs))

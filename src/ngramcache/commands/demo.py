@@ -17,8 +17,9 @@ ways, in turn, --repeats times:
 
   plain       greedy decoding, one token per step (ngramcache's loop without drafts)
   llama-cpp   llama-cpp-python's own loop with LlamaPromptLookupDecoding (its defaults)
-  ngramcache  lookup drafts (llama.cpp's context cache), draft lengths chosen from the
-              measured cost of verification on this model and the acceptance so far
+  ngramcache  copies of earlier spans, else llama.cpp's lookup drafts (CopyDrafter), draft
+              lengths chosen from the measured cost of verification on this model and
+              the acceptance so far
 
 and the table shows medians: tokens/s for generation alone and end to end (prompt
 included), speedups over plain, drafted/accepted tokens, and whether each output is

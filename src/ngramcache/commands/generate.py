@@ -58,7 +58,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--color", action="store_true", help="colour the tokens that came from accepted drafts")
     p.add_argument("--no-draft", action="store_true", help="plain decoding, one token per step")
     p.add_argument("--fixed-draft", action="store_true",
-                   help="always draft up to --spec-draft-n-max tokens (llama-lookup's behaviour)")
+                   help="llama-lookup's behaviour: its lookup drafts only, always up to --spec-draft-n-max tokens")
+    p.add_argument("--no-copy", action="store_true",
+                   help="adaptive, but llama.cpp's lookup drafts only (no copies of earlier spans)")
     p.add_argument("--no-prompt", action="store_true", help="do not echo the prompt")
     p.add_argument("--json", action="store_true", help="print the text and figures as one JSON object instead")
     p.set_defaults(run=run, _parser=p)
@@ -121,7 +123,8 @@ def _run(args) -> int:
         if args.fixed_draft or args.n_draft == 0:
             drafter = LookupDrafter(static=static, dynamic=dynamic, n_draft=args.n_draft)
         else:
-            drafter = nl.adaptive_drafter(llm, static=static, dynamic=dynamic, n_draft=args.n_draft)
+            drafter = nl.adaptive_drafter(llm, static=static, dynamic=dynamic, n_draft=args.n_draft,
+                                          copy=not args.no_copy)
     n_predict = args.n_predict if args.n_predict >= 0 else args.ctx_size
 
     out = sys.stdout
