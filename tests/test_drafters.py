@@ -146,9 +146,11 @@ def test_oracle():
     o.reset([1, 2])
     o.accept([5])
     assert o.propose(10).tolist() == [6, 7, 8]
-    o.accept([6, 7, 0])
-    assert o.stats.accepted == 2
+    o.accept([6, 7, 8])
+    assert o.stats.accepted == 3
     assert o.propose(2).tolist() == [9]
+    o.accept([1])  # the text departs from the continuation: nothing more to propose
+    assert o.propose(2).size == 0
 
 
 # ---------------------------------------------------------------------------------

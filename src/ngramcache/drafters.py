@@ -520,7 +520,8 @@ class CopyDrafter(LookupDrafter):
 
 class OracleDrafter:
     """Proposes the true continuation (taken from a reference run): the ceiling any
-    drafter can reach with the same verification costs. For benchmarks."""
+    drafter can reach with the same verification costs. For benchmarks. Once the
+    verified text departs from the continuation it proposes nothing."""
 
     def __init__(self, continuation, n_draft: int = 8):
         if n_draft < 0:
@@ -557,6 +558,8 @@ class OracleDrafter:
         if m:
             eq = self._last[:m] == new[:m]
             self._stats.accepted += int(m if eq.all() else np.argmin(eq))
+        if not np.array_equal(new, self.continuation[self._n : self._n + new.size]):
+            self._n = self.continuation.size  # departed: nothing more to propose
         self._n += int(new.size)
         self._last = _EMPTY
 
