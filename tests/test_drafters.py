@@ -166,6 +166,9 @@ def test_gate_skips_when_verification_is_dear_and_drafts_are_poor():
     assert g2.choose(s, 3) == 2  # p = 0.2: E = 1.2, 1.24, 1.248 over cost 1.02, 1.04, 1.06
     g3 = AdaptiveGate([1.0, 1.0, 1.0, 1.0], prior=(1, 4))
     assert g3.choose(s, 3) == 3  # free verification: take everything
+    g4 = AdaptiveGate([1.0, 1.1], prior=(1, 4), min_gain=0.1)
+    assert g4.choose(s, 1) == 0  # 1.2 / 1.1 = 1.09 does not beat plain by 10%
+    assert AdaptiveGate([1.0, 1.1], prior=(1, 4), min_gain=0.0).choose(s, 1) == 1
 
 
 def test_gate_learns_and_draft_length_follows_acceptance():
@@ -201,7 +204,7 @@ def test_gate_states_are_separate_but_pooled():
 
 def test_gate_choice_maximises_expected_rate():
     costs = [1.0, 1.1, 1.25, 1.5, 2.0]
-    g = AdaptiveGate(costs, shrink=0.0)
+    g = AdaptiveGate(costs, shrink=0.0, min_gain=0.0)
     s = g.state(4, 1)
     rng = np.random.default_rng(3)
     for _ in range(400):

@@ -124,7 +124,7 @@ class AdaptiveGate:
     N_SOURCES = 2
 
     def __init__(self, costs: Sequence[float], decay: float = 0.97, prior: tuple[float, float] = (1.0, 2.0),
-                 shrink: float = 4.0, overhead: float = 0.0):
+                 shrink: float = 4.0, overhead: float = 0.0, min_gain: float = 0.05):
         self.costs = _check_costs(costs)
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
@@ -134,6 +134,11 @@ class AdaptiveGate:
             raise ValueError(f"shrink must be >= 0, got {shrink}")
         if overhead < 0:
             raise ValueError(f"overhead must be >= 0, got {overhead}")
+        if min_gain < 0:
+            raise ValueError(f"min_gain must be >= 0, got {min_gain}")
+        # drafting only when it is expected to beat plain decoding by this much: the
+        # estimates that trigger a draft are the lucky ones (the winner's curse)
+        self.min_gain = float(min_gain)
         self.decay = float(decay)
         self.prior = (float(prior[0]), float(prior[1]))
         self.shrink = float(shrink)
@@ -174,7 +179,7 @@ class AdaptiveGate:
         k_max = min(available, self.max_len)
         if k_max <= 0:
             return 0
-        best_k, best_rate = 0, 1.0  # plain decoding: 1 token per unit of cost
+        best_k, best_rate = 0, 1.0 + self.min_gain  # plain decoding: 1 token per unit of cost
         expected, run = 1.0, 1.0
         cost = self._cost
         for j, p in enumerate(self._probs(state, k_max)):
@@ -218,7 +223,8 @@ def _cost_cache_path() -> str:
 
 def _model_key(model_path: str, n_threads: int, n_threads_batch: int) -> str:
     st = os.stat(model_path)
-    return f"{os.path.abspath(model_path)}|{st.st_size}|{int(st.st_mtime)}|t{n_threads}|tb{n_threads_batch}"
+    # v2: measured after 512 tokens of context (attention makes batches dearer with length)
+    return f"v2|{os.path.abspath(model_path)}|{st.st_size}|{int(st.st_mtime)}|t{n_threads}|tb{n_threads_batch}"
 
 
 def load_costs(model_path: str, n_threads: int, n_threads_batch: int, path: str | None = None) -> list[float] | None:

@@ -732,7 +732,7 @@ def generate_llama_cpp(llm, prompt, max_tokens: int = 128, stop_at_eos: bool = T
 # Verification costs and the adaptive drafter
 
 
-def calibrate(llm, max_batch: int = 9, repeats: int = 5, n_context: int = 64) -> list[float]:
+def calibrate(llm, max_batch: int = 9, repeats: int = 5, n_context: int = 512) -> list[float]:
     """Measure the time to verify batches of 1..``max_batch`` tokens (a decode with
     logits for every token plus the choice of a token from each row) after
     ``n_context`` tokens of context. Batch sizes are interleaved and each keeps the
@@ -741,6 +741,7 @@ def calibrate(llm, max_batch: int = 9, repeats: int = 5, n_context: int = 64) ->
     m = _backend(llm)
     if not 1 <= max_batch <= m.n_batch:
         raise ValueError(f"max_batch must be in 1..n_batch ({m.n_batch}), got {max_batch}")
+    n_context = max(1, min(n_context, m.n_ctx - max_batch))
     m.clear()
     ctx_toks = (np.arange(n_context, dtype=np.int64) * 7919 % min(m.n_vocab - 100, 30000) + 100).astype(np.int32)
     for s in range(0, n_context, m.n_batch):
