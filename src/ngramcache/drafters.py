@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from . import _core
+from ._atomic import atomic_open
 from ._tokens import as_tokens
 from .cache import NgramCache, _check_sizes
 
@@ -251,7 +252,6 @@ def store_costs(model_path: str, n_threads: int, n_threads_batch: int, costs: Se
                 path: str | None = None) -> None:
     """Remember verification costs (atomically: temp file, fsync, rename)."""
     import json
-    import tempfile
 
     path = path or _cost_cache_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -263,19 +263,8 @@ def store_costs(model_path: str, n_threads: int, n_threads_batch: int, costs: Se
     except (OSError, ValueError):
         table = {}
     table[_model_key(model_path, n_threads, n_threads_batch)] = [float(c) for c in costs]
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".verify-costs.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(table, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
 
 
 # ---------------------------------------------------------------------------------

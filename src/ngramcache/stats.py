@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from . import _core
+from ._atomic import atomic_open
 from ._tokens import as_tokens
 from .cache import NgramCache
 from .progress import peak_rss_bytes
@@ -260,17 +261,8 @@ class ReplayStats:
         fig.suptitle(f"n_draft {self.n_draft}, n_ctx {self.n_ctx}: {self.n_accept:,} of {self.n_drafted:,} "
                      f"drafted tokens accepted ({100 * self.accept:.2f}%)" if self.n_drafted else
                      f"n_draft {self.n_draft}, n_ctx {self.n_ctx}: nothing drafted")
-        path = os.fspath(path)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        try:
-            with open(tmp, "wb") as f:
-                fig.savefig(f, format="png", dpi=100)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        with atomic_open(path) as f:
+            fig.savefig(f, format="png", dpi=100)
 
     def to_dict(self) -> dict:
         """Every field and derived figure, JSON-ready (NaN becomes None)."""

@@ -55,7 +55,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import sys
 import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
@@ -65,6 +64,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ._atomic import atomic_open
 from ._tokens import as_tokens
 
 __all__ = [
@@ -735,33 +735,5 @@ def read_tokens_file(path: str | os.PathLike) -> np.ndarray:
 def write_tokens_file(path: str | os.PathLike, tokens) -> None:
     """Write tokens as raw little-endian int32, atomically (temp file, fsync, rename)."""
     arr = as_tokens(tokens).astype("<i4", copy=False)
-    path = os.fspath(path)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            arr.tofile(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: str) -> None:
-    if sys.platform.startswith("win"):
-        return
-    try:
-        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with atomic_open(path) as f:
+        arr.tofile(f)
