@@ -46,6 +46,16 @@ struct Ngram {
 };
 static_assert(sizeof(Ngram) == 16, "an n-gram key is 16 bytes, as in llama.cpp");
 
+// murmur3's 64-bit finaliser: a bijection that spreads every input bit over the output.
+inline uint64_t fmix64(uint64_t h) {
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return h;
+}
+
 // Order-sensitive (unlike llama.cpp's XOR of per-token hashes, where "a b" and "b a" collide).
 // Two 64-bit lanes, multiplied by odd constants, combined with a rotation, then the
 // murmur3 finaliser so that every input bit reaches the high bits used for fingerprints.
@@ -57,12 +67,7 @@ inline uint64_t hash_ngram(const Ngram& k) {
     h ^= (b * 0xC2B2AE3D27D4EB4Full);
     h = (h << 29) | (h >> 35);
     h += a ^ 0x165667B19E3779F9ull;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
-    return h;
+    return fmix64(h);
 }
 
 // Errors the bindings translate into specific Python exceptions.

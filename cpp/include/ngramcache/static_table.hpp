@@ -89,15 +89,6 @@ inline void puti32(uint8_t* p, int32_t v) { std::memcpy(p, &v, 4); }
 
 inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
-// murmur3's 64-bit finaliser: a bijection that spreads every input bit over the output.
-inline uint64_t fmix64(uint64_t h) {
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
-    return h;
-}
 
 // Section checksum (part of the file format: changing it needs a version bump). Four
 // independent lanes so the multiplies overlap (GB/s). Each step is a bijection of the
