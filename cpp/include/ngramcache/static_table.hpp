@@ -12,7 +12,7 @@
 // read from a record is clamped, so a damaged file gives wrong answers at worst, never
 // an out-of-bounds read, and every probe loop is bounded by the key count.
 //
-// Tables are built by sorting packed n-gram ids (LSD radix sort), never by inserting
+// Tables are built by sorting packed n-gram ids (counting sorts), never by inserting
 // into hash maps.
 #pragma once
 
@@ -302,12 +302,21 @@ using Bytes = std::shared_ptr<const uint8_t>;
 // Zero-filled anonymous memory for the big build arrays: the kernel zeroes pages as they
 // are first touched, so there is no separate memset pass over hundreds of MB.
 inline uint8_t* map_zeroed(uint64_t size) {
+    const uint64_t sz = size == 0 ? kAlign : size;
+#if defined(MADV_HUGEPAGE)
+    // Huge pages where the kernel allows them: every page gets written, and 2 MiB pages
+    // take 1/512 of the faults (the zeroing dominates what is left).
+    void* p = ::mmap(nullptr, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    if (sz >= (uint64_t(4) << 20)) ::madvise(p, sz, MADV_HUGEPAGE);
+#else
     int flags = MAP_PRIVATE | MAP_ANONYMOUS;
 #ifdef MAP_POPULATE
     flags |= MAP_POPULATE;  // every page gets written: faulting them in one go is cheaper
 #endif
-    void* p = ::mmap(nullptr, size == 0 ? kAlign : size, PROT_READ | PROT_WRITE, flags, -1, 0);
+    void* p = ::mmap(nullptr, sz, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
+#endif
     return static_cast<uint8_t*>(p);
 }
 
@@ -325,14 +334,18 @@ public:
     BigArray(const BigArray&) = delete;
     BigArray& operator=(const BigArray&) = delete;
     ~BigArray() { ::munmap(p_, bytes()); }
-    void swap(BigArray& o) noexcept {
-        std::swap(n_, o.n_);
-        std::swap(p_, o.p_);
-    }
     T* data() { return p_; }
     size_t size() const { return n_; }
     T& operator[](size_t i) { return p_[i]; }
     const T& operator[](size_t i) const { return p_[i]; }
+    // Gives the whole pages of elements [from, to) back to the kernel: their memory is
+    // freed, and they read as zeros if touched again.
+    void discard(size_t from, size_t to) {
+        const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+        const uint64_t lo = (uint64_t(from) * sizeof(T) + page - 1) / page * page;
+        const uint64_t hi = to == n_ ? bytes() : uint64_t(to) * sizeof(T) / page * page;
+        if (lo < hi) ::madvise(reinterpret_cast<uint8_t*>(p_) + lo, hi - lo, MADV_DONTNEED);
+    }
 
 private:
     uint64_t bytes() const { return n_ == 0 ? kAlign : uint64_t(n_) * sizeof(T); }
@@ -340,52 +353,41 @@ private:
     T* p_;
 };
 
-// Stable LSD radix sort by bits [lo, hi) of unsigned integers E (64 or 128 bits), with
-// digits of at most 12 bits (4096 counters per pass stay in L1). Stability is what keeps the
-// corpus order inside a key. `count` every element first, then `sort`.
-template <class E>
-class RadixSort {
+// Sorts lists of distinct ids below a bound in O(length): a two-level bitmap (one bit
+// per id, one summary bit per 64-id word) that is set, then read back in order and
+// cleared. Short lists use an insertion sort instead.
+class DistinctSorter {
 public:
-    RadixSort(int lo, int hi) : lo_(lo) {
-        const int nbits = hi > lo ? hi - lo : 0;
-        passes_ = (nbits + 11) / 12;
-        d_ = passes_ ? (nbits + passes_ - 1) / passes_ : 0;
-        nb_ = size_t(1) << d_;
-        mask_ = static_cast<E>(nb_ - 1);
-        hist_.assign(static_cast<size_t>(passes_) * nb_, 0);
-    }
-    void count(E v) {
-        for (int p = 0; p < passes_; ++p) ++hist_[p * nb_ + digit(v, p)];
-    }
-    void sort(BigArray<E>& a) {
-        const size_t n = a.size();
-        if (n < 2 || passes_ == 0) return;
-        BigArray<E> tmp(n);
-        E* src = a.data();
-        E* dst = tmp.data();
-        for (int p = 0; p < passes_; ++p) {
-            size_t* h = &hist_[p * nb_];
-            bool trivial = false;
-            for (size_t x = 0; x < nb_; ++x) trivial |= h[x] == n;
-            if (trivial) continue;  // every element has the same digit here
-            size_t run = 0;
-            for (size_t x = 0; x < nb_; ++x) {
-                const size_t c = h[x];
-                h[x] = run;
-                run += c;
+    explicit DistinctSorter(uint64_t n_ids) : bits_((n_ids + 63) / 64, 0), top_((bits_.size() + 63) / 64, 0) {}
+    void sort(std::vector<uint32_t>& v) {
+        const size_t n = v.size();
+        if (n <= 24) {
+            for (size_t i = 1; i < n; ++i) {
+                const uint32_t x = v[i];
+                size_t j = i;
+                for (; j > 0 && v[j - 1] > x; --j) v[j] = v[j - 1];
+                v[j] = x;
             }
-            for (size_t i = 0; i < n; ++i) dst[h[digit(src[i], p)]++] = src[i];
-            std::swap(src, dst);
+            return;
         }
-        if (src != a.data()) a.swap(tmp);
+        for (uint32_t x : v) {
+            bits_[x >> 6] |= uint64_t(1) << (x & 63);
+            top_[x >> 12] |= uint64_t(1) << ((x >> 6) & 63);
+        }
+        size_t k = 0;
+        for (size_t t = 0; k < n; ++t) {
+            for (uint64_t tw = top_[t]; tw != 0; tw &= tw - 1) {
+                const size_t wi = t * 64 + static_cast<size_t>(__builtin_ctzll(tw));
+                for (uint64_t bw = bits_[wi]; bw != 0; bw &= bw - 1)
+                    v[k++] = static_cast<uint32_t>(wi * 64 + static_cast<size_t>(__builtin_ctzll(bw)));
+                bits_[wi] = 0;
+            }
+            top_[t] = 0;
+        }
     }
 
 private:
-    size_t digit(E v, int p) const { return static_cast<size_t>((v >> (lo_ + p * d_)) & mask_); }
-    int lo_, passes_, d_;
-    size_t nb_;
-    E mask_;
-    std::vector<size_t> hist_;
+    std::vector<uint64_t> bits_, top_;
 };
 
 }  // namespace ngst
@@ -432,7 +434,7 @@ public:
         int w = 1;
         while ((uint64_t(1) << w) < n_ids) ++w;
         const token_t* map = id_tok.empty() ? nullptr : id_tok.data();
-        if ((n + 1) * w <= 64) return build_n<uint64_t>(ids, n_tokens, n, w, map, n_ids);
+        if (n * w <= 64) return build_n<uint64_t>(ids, n_tokens, n, w, map, n_ids);
         __extension__ typedef unsigned __int128 u128;
         return build_n<u128>(ids, n_tokens, n, w, map, n_ids);
     }
@@ -904,81 +906,169 @@ private:
         }
     }
 
-    // build() for ids packed (n+1) x w bits into E: key ids high, next-token id low.
+    // build() for dense ids below 2^w, where n ids of w bits fit E.
+    //
+    // 1. A counting sort by the first token scatters every observation, its other key
+    //    ids and its next id packed into one E, into its first token's group. Stable, so
+    //    a group keeps corpus order. One pass over the tokens and one write of 8 bytes
+    //    per observation: the only pass over memory-sized data that moves observations.
+    // 2. Each group is sorted by the rest of its key while it is in cache (groups average
+    //    N / vocabulary observations), then reduced: every key run becomes its entries
+    //    (next id, count; the best one flagged), written back over observations already
+    //    read, so the array ends up holding the table's entries in key order.
+    // 3. from_sorted_keys lays the keys out and copies each key's entries to its slot.
     template <class E, int n>
     static StaticTable build_packed(const uint32_t* ids, size_t N, int w, const token_t* id_tok, uint64_t n_ids) {
         NGST_PHASE("start");
         const size_t M = N - n;  // observations: positions n..N-1
+        // end[a]: first the size of group a, then where it starts, and after the scatter
+        // where it ends (so group a is [end[a-1], end[a]), with end[-1] = 0).
+        std::vector<size_t> end(n_ids, 0);
+        for (size_t i = 0; i < M; ++i) ++end[ids[i]];
+        size_t biggest = 0, run = 0;
+        for (uint64_t a = 0; a < n_ids; ++a) {
+            const size_t c = end[a];
+            biggest = std::max(biggest, c);
+            end[a] = run;
+            run += c;
+        }
+        NGST_PHASE("histogram");
         ngst::BigArray<E> obs(M);
-        // Sorting by the key bits only: stable, so a key's next tokens stay in corpus order.
-        ngst::RadixSort<E> sorter(w, (n + 1) * w);
+        NGST_PHASE("alloc");
         for (size_t i = 0; i < M; ++i) {
             E v = 0;
-            for (int j = 0; j <= n; ++j) v = (v << w) | E(ids[i + j]);
-            obs[i] = v;
-            sorter.count(v);
+            for (int j = 1; j <= n; ++j) v = (v << w) | E(ids[i + j]);
+            obs[end[ids[i]]++] = v;
         }
-        NGST_PHASE("pack");
-        sorter.sort(obs);
-        NGST_PHASE("sort");
+        NGST_PHASE("scatter");
+
         const E mask = (E(1) << w) - 1;
         auto tok_of = [&](uint64_t id) { return id_tok ? id_tok[id] : static_cast<token_t>(id); };
-        auto decode_key = [&](E kb, token_t* key) {
-            for (int j = n - 1; j >= 0; --j, kb >>= w) key[j] = tok_of(static_cast<uint64_t>(kb & mask));
-        };
-        // cnt[id] counts inside one key's run; `seen` lists its distinct ids in first-
-        // occurrence order; both are reset after every run.
+        // cnt[id] counts inside one group or key run; `seen` lists the ids counted, in
+        // first-occurrence order. Both are cleared after every use.
         std::vector<uint32_t> cnt(n_ids, 0);
         std::vector<uint32_t> seen;
-        auto scan_run = [&](size_t g) {
-            const E kb = obs[g] >> w;
-            size_t e = g;
-            for (; e < M && (obs[e] >> w) == kb; ++e) {
-                const uint32_t t = static_cast<uint32_t>(obs[e] & mask);
-                if (cnt[t]++ == 0) seen.push_back(t);
+        ngst::DistinctSorter sorter(n_ids);
+        std::unique_ptr<E[]> tmp;  // a group's second buffer (sized for the biggest group)
+        // Stable sort of group g[0..m) by the key ids after the first: insertion sort for
+        // small groups, else one counting sort per key id, last id first (LSD). Returns
+        // where the sorted group lies (g or tmp).
+        auto sort_group = [&](E* g, size_t m) -> E* {
+            if (n == 1) return g;
+            if (m <= 32) {
+                for (size_t i = 1; i < m; ++i) {
+                    const E v = g[i];
+                    size_t j = i;
+                    for (; j > 0 && (g[j - 1] >> w) > (v >> w); --j) g[j] = g[j - 1];
+                    g[j] = v;
+                }
+                return g;
             }
-            if (e - g > ngst::kMaxU32)  // the record's u32 sum (counts are then int32 too)
-                throw InputError("a key occurs " + std::to_string(e - g) +
-                                 " times, beyond the 2^32-1 an NGST record holds");
-            return e;
+            E* src = g;
+            for (int s = 1; s < n; ++s) {
+                auto digit = [&](E v) { return static_cast<uint32_t>((v >> (s * w)) & mask); };
+                for (size_t i = 0; i < m; ++i)
+                    if (cnt[digit(src[i])]++ == 0) seen.push_back(digit(src[i]));
+                if (seen.size() > 1) {
+                    sorter.sort(seen);
+                    uint32_t at = 0;
+                    for (uint32_t d : seen) {
+                        const uint32_t c = cnt[d];
+                        cnt[d] = at;
+                        at += c;
+                    }
+                    if (!tmp) tmp.reset(new E[biggest]);
+                    E* dst = src == g ? tmp.get() : g;
+                    for (size_t i = 0; i < m; ++i) dst[cnt[digit(src[i])]++] = src[i];
+                    src = dst;
+                }
+                for (uint32_t d : seen) cnt[d] = 0;
+                seen.clear();
+            }
+            return src;
         };
 
-        // Pass 1: the keys' hashes and continuation counts.
+        // Per key, in key order: its tokens, the top 32 bits of its hash, its entry count.
+        std::vector<token_t> keys;
         std::vector<uint32_t> hash_hi, ntok;
-        token_t key[kNgramMax];
-        for (size_t g = 0; g < M;) {
-            const size_t e = scan_run(g);
-            decode_key(obs[g] >> w, key);
-            for (uint32_t t : seen)
-                if (cnt[t] > uint32_t(INT32_MAX))
-                    throw InputError("an n-gram count exceeds the int32 range of lookup.bin");
-            hash_hi.push_back(static_cast<uint32_t>(ngst::key_hash(key, n) >> 32));
-            ntok.push_back(static_cast<uint32_t>(seen.size()));
-            for (uint32_t t : seen) cnt[t] = 0;
-            seen.clear();
-            g = e;
-        }
-        NGST_PHASE("pass1");
-        // Pass 2, inside from_sorted_keys: the same runs, written to their slots.
-        size_t cursor = 0;
-        auto fill = [&](size_t, uint8_t* rec, uint8_t* ent) {
-            const size_t g = cursor;
-            cursor = scan_run(g);
-            decode_key(obs[g] >> w, key);
-            write_key(rec, key, n);
-            uint32_t best = 0, best_cnt = 0;
-            for (uint32_t t : seen)  // '>=': the latest first occurrence wins a tie
-                if (cnt[t] >= best_cnt) {
-                    best = t;
-                    best_cnt = cnt[t];
-                }
-            write_best(rec, tok_of(best), best_cnt, cursor - g);
-            if (seen.size() >= 2) {
-                std::sort(seen.begin(), seen.end());
-                for (size_t j = 0; j < seen.size(); ++j) write_entry(ent, j, tok_of(seen[j]), cnt[seen[j]]);
+        constexpr uint64_t kBest = uint64_t(1) << 31;  // counts stay below 2^31
+        E* out = obs.data();  // entries so far: never beyond the observations already read
+        token_t key[n];
+        size_t begin = 0, freed = 0;
+        constexpr size_t kFreeChunk = (size_t(8) << 20) / sizeof(E);
+        for (uint64_t a = 0; a < n_ids; ++a) {
+            const size_t m = end[a] - begin;
+            if (m == 0) continue;
+            // The observations between the entries written and this group have been
+            // read: give their memory back as it accumulates, so the entries and the
+            // key arrays grow into memory the observations free.
+            if (begin - freed >= kFreeChunk) {
+                freed = begin;
+                obs.discard(static_cast<size_t>(out - obs.data()) + kFreeChunk / 4, begin);
             }
-            for (uint32_t t : seen) cnt[t] = 0;
-            seen.clear();
+            const E* g = sort_group(obs.data() + begin, m);
+            begin = end[a];
+            key[0] = tok_of(a);
+            for (size_t r = 0; r < m;) {
+                const E kb = g[r] >> w;
+                size_t e = r;
+                for (; e < m && (g[e] >> w) == kb; ++e) {
+                    const uint32_t t = static_cast<uint32_t>(g[e] & mask);
+                    if (cnt[t]++ == 0) seen.push_back(t);
+                }
+                if (e - r > ngst::kMaxU32)  // the record's u32 sum (counts are then int32 too)
+                    throw InputError("a key occurs " + std::to_string(e - r) +
+                                     " times, beyond the 2^32-1 an NGST record holds");
+                E kk = kb;
+                for (int j = n - 1; j >= 1; --j, kk >>= w) key[j] = tok_of(static_cast<uint64_t>(kk & mask));
+                keys.insert(keys.end(), key, key + n);
+                hash_hi.push_back(static_cast<uint32_t>(ngst::key_hash(key, n) >> 32));
+                ntok.push_back(static_cast<uint32_t>(seen.size()));
+                uint32_t best = 0, best_cnt = 0;
+                for (uint32_t t : seen) {  // '>=': the latest first occurrence wins a tie
+                    if (cnt[t] > uint32_t(INT32_MAX))
+                        throw InputError("an n-gram count exceeds the int32 range of lookup.bin");
+                    if (cnt[t] >= best_cnt) {
+                        best = t;
+                        best_cnt = cnt[t];
+                    }
+                }
+                if (seen.size() >= 2) sorter.sort(seen);
+                for (uint32_t t : seen) {
+                    *out++ = E(uint64_t(t) << 32 | cnt[t] | (t == best ? kBest : 0));
+                    cnt[t] = 0;
+                }
+                seen.clear();
+                r = e;
+            }
+        }
+        const size_t n_entries = static_cast<size_t>(out - obs.data());
+        std::vector<size_t>().swap(end);
+        std::vector<uint32_t>().swap(cnt);
+        tmp.reset();
+        obs.discard(n_entries, obs.size());  // before the image is allocated
+        NGST_PHASE("groups");
+
+        size_t cursor = 0;
+        auto fill = [&](size_t k, uint8_t* rec, uint8_t* ent) {
+            write_key(rec, &keys[k * n], n);
+            const uint32_t c = ntok[k];
+            token_t best = 0;
+            uint32_t best_cnt = 0;
+            uint64_t sum = 0;
+            for (uint32_t j = 0; j < c; ++j) {
+                const uint64_t x = static_cast<uint64_t>(obs[cursor + j]);
+                const token_t t = tok_of(x >> 32);
+                const uint32_t cn = static_cast<uint32_t>(x) & uint32_t(INT32_MAX);
+                if (x & kBest) {
+                    best = t;
+                    best_cnt = cn;
+                }
+                sum += cn;
+                if (c >= 2) write_entry(ent, j, t, cn);
+            }
+            cursor += c;
+            write_best(rec, best, best_cnt, sum);
         };
         return from_sorted_keys(n, ngst::Source::tokens, std::move(hash_hi), ntok, M, fill);
     }
