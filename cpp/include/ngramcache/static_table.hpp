@@ -353,9 +353,9 @@ private:
     T* p_;
 };
 
-// Sorts lists of distinct ids below a bound in O(length): a two-level bitmap (one bit
-// per id, one summary bit per 64-id word) that is set, then read back in order and
-// cleared. Short lists use an insertion sort instead.
+// Sorts lists of distinct ids below a bound in O(length + id span / 4096): a two-level
+// bitmap (one bit per id, one summary bit per 64-id word) that is set, then read back in
+// order and cleared. Short lists use an insertion sort instead.
 class DistinctSorter {
 public:
     explicit DistinctSorter(uint64_t n_ids) : bits_((n_ids + 63) / 64, 0), top_((bits_.size() + 63) / 64, 0) {}
@@ -370,12 +370,14 @@ public:
             }
             return;
         }
+        uint32_t lo = UINT32_MAX;
         for (uint32_t x : v) {
             bits_[x >> 6] |= uint64_t(1) << (x & 63);
             top_[x >> 12] |= uint64_t(1) << ((x >> 6) & 63);
+            lo = std::min(lo, x);
         }
         size_t k = 0;
-        for (size_t t = 0; k < n; ++t) {
+        for (size_t t = lo >> 12; k < n; ++t) {
             for (uint64_t tw = top_[t]; tw != 0; tw &= tw - 1) {
                 const size_t wi = t * 64 + static_cast<size_t>(__builtin_ctzll(tw));
                 for (uint64_t bw = bits_[wi]; bw != 0; bw &= bw - 1)
@@ -1011,10 +1013,19 @@ private:
             key[0] = tok_of(a);
             for (size_t r = 0; r < m;) {
                 const E kb = g[r] >> w;
-                size_t e = r;
-                for (; e < m && (g[e] >> w) == kb; ++e) {
-                    const uint32_t t = static_cast<uint32_t>(g[e] & mask);
-                    if (cnt[t]++ == 0) seen.push_back(t);
+                // Most keys of real text have one next token: a run of equal observations
+                // that ends the key's run needs no counters.
+                size_t e = r + 1;
+                while (e < m && g[e] == g[r]) ++e;
+                const uint32_t first = static_cast<uint32_t>(g[r] & mask);
+                const bool single = e == m || (g[e] >> w) != kb;
+                if (!single) {
+                    cnt[first] = static_cast<uint32_t>(std::min<size_t>(e - r, ngst::kMaxU32));
+                    seen.push_back(first);
+                    for (; e < m && (g[e] >> w) == kb; ++e) {
+                        const uint32_t t = static_cast<uint32_t>(g[e] & mask);
+                        if (cnt[t]++ == 0) seen.push_back(t);
+                    }
                 }
                 if (e - r > ngst::kMaxU32)  // the record's u32 sum (counts are then int32 too)
                     throw InputError("a key occurs " + std::to_string(e - r) +
@@ -1023,6 +1034,14 @@ private:
                 for (int j = n - 1; j >= 1; --j, kk >>= w) key[j] = tok_of(static_cast<uint64_t>(kk & mask));
                 keys.insert(keys.end(), key, key + n);
                 hash_hi.push_back(static_cast<uint32_t>(ngst::key_hash(key, n) >> 32));
+                if (single) {
+                    if (e - r > size_t(INT32_MAX))
+                        throw InputError("an n-gram count exceeds the int32 range of lookup.bin");
+                    ntok.push_back(1);
+                    *out++ = E(uint64_t(first) << 32 | (e - r) | kBest);
+                    r = e;
+                    continue;
+                }
                 ntok.push_back(static_cast<uint32_t>(seen.size()));
                 uint32_t best = 0, best_cnt = 0;
                 for (uint32_t t : seen) {  // '>=': the latest first occurrence wins a tie
@@ -1033,7 +1052,7 @@ private:
                         best_cnt = cnt[t];
                     }
                 }
-                if (seen.size() >= 2) sorter.sort(seen);
+                sorter.sort(seen);
                 for (uint32_t t : seen) {
                     *out++ = E(uint64_t(t) << 32 | cnt[t] | (t == best ? kBest : 0));
                     cnt[t] = 0;
