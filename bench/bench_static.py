@@ -5,6 +5,7 @@ also tokenizes the corpus, about half a minute, cached in the temp folder afterw
 
     .venv/bin/python bench/bench_static.py            # sizes 8, 16, 31 MB
     .venv/bin/python bench/bench_static.py --sizes 8  # one size
+    .venv/bin/python bench/bench_static.py --reps 9   # more create runs per variant
 
 Corpus: CPython's standard library source (``sysconfig.get_paths()["stdlib"]``, every
 ``*.py`` outside ``site-packages`` and ``__pycache__``, sorted by relative path, bytes
@@ -20,6 +21,7 @@ the variants alternate:
 - create: ``StaticTable.build(tokens) + save`` against ``NgramCache().update(tokens, 2, 2)
   + save`` (llama.cpp format, what llama-lookup-create writes); seconds and peak RSS (the
   whole process: interpreter, numpy and the tokens included, as in llama.cpp's figure);
+  medians of ``--reps`` alternated runs (default 5);
 - file sizes;
 - open/load: ``StaticTable.open(ngst)`` against ``NgramCache.load(lookup.bin)``; seconds
   and the resident memory it adds (VmRSS after - before);
@@ -39,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -195,6 +198,14 @@ def lookup_bench(work: Path, ngst: Path, lcs: Path, stream: Path) -> dict | None
 
 # --- driver ----------------------------------------------------------------------------
 
+def medians(runs: list[dict]) -> dict:
+    """Per-field medians of child results; `total_s` (count + save) is the median of the sums."""
+    out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    out["total_s"] = statistics.median(r["count_s"] + r["save_s"] for r in runs)
+    out["reps"] = len(runs)
+    return out
+
+
 def fmt_mb(b: float) -> str:
     return f"{b / 2**20:,.0f} MiB"
 
@@ -202,6 +213,7 @@ def fmt_mb(b: float) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default=",".join(map(str, SIZES_MB)), help="corpus sizes in MB (10^6 bytes)")
+    ap.add_argument("--reps", type=int, default=5, help="alternated create runs per variant (medians)")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "ngramcache-bench-static"))
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -227,12 +239,12 @@ def main() -> int:
         toks[:n].astype("<i4").tofile(tok_path)
         ngst, lcs = work / f"corpus-{size}.ngst", work / f"corpus-{size}.bin"
         print(f"{size} MB: {n:,} tokens ...", file=sys.stderr)
-        cs = run_child("create-static", tok_path, ngst)
-        cc = run_child("create-cache", tok_path, lcs)
-        cs2 = run_child("create-static", tok_path, ngst)  # alternate; keep the faster run
-        cc2 = run_child("create-cache", tok_path, lcs)
-        cs = min(cs, cs2, key=lambda r: r["count_s"] + r["save_s"])
-        cc = min(cc, cc2, key=lambda r: r["count_s"] + r["save_s"])
+        # Alternated repetitions, medians: the machine is shared and noisy.
+        runs_s, runs_c = [], []
+        for _ in range(a.reps):
+            runs_s.append(run_child("create-static", tok_path, ngst))
+            runs_c.append(run_child("create-cache", tok_path, lcs))
+        cs, cc = medians(runs_s), medians(runs_c)
         os_ = run_child("open-static", ngst)
         oc = run_child("load-cache", lcs)
         dr = run_child("draft", stream_path, ngst, lcs)
@@ -241,17 +253,21 @@ def main() -> int:
                      "open_static": os_, "load_cache": oc, "draft": dr})
     lk = lookup_bench(work, work / f"corpus-{sizes[-1]}.ngst", work / f"corpus-{sizes[-1]}.bin", stream_path)
 
-    print("\n| corpus | tokens | create: StaticTable build + save | NgramCache update + save (llama format) | "
-          "llama-lookup-create (anchors) | peak RSS: StaticTable / NgramCache / llama.cpp |")
-    print("|---|---|---|---|---|---|")
+    print(f"\ncreate: medians of {a.reps} alternated runs; obs/s = observations / (count + save); "
+          f"llama.cpp counts at {LLAMA_COUNT_OBS_PER_S / 1e6} M obs/s (anchors)")
+    print("\n| corpus | tokens | StaticTable build + save | NgramCache update + save (llama format) | "
+          "StaticTable vs NgramCache / vs llama.cpp counting | llama-lookup-create (anchors) | "
+          "peak RSS: StaticTable / NgramCache / llama.cpp |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         cs, cc = r["create_static"], r["create_cache"]
         ll = LLAMA_CREATE.get(r["size_mb"]) or LLAMA_CREATE[32]
         obs = r["tokens"] - 2
-        print(f"| {r['size_mb']} MB | {r['tokens']:,} | {cs['count_s']:.2f} s + {cs['save_s']:.2f} s "
-              f"({obs / cs['count_s'] / 1e6:.1f} M obs/s) | {cc['count_s']:.2f} s + {cc['save_s']:.2f} s "
-              f"({obs / cc['count_s'] / 1e6:.1f} M obs/s) | {ll[0]} s total, counting {LLAMA_COUNT_OBS_PER_S / 1e6} M obs/s "
-              f"= {obs / LLAMA_COUNT_OBS_PER_S:.1f} s for these | {fmt_mb(cs['peak_rss'])} / {fmt_mb(cc['peak_rss'])} / "
+        print(f"| {r['size_mb']} MB | {r['tokens']:,} | {cs['count_s']:.3f} + {cs['save_s']:.3f} s: "
+              f"{obs / cs['total_s'] / 1e6:.1f} M obs/s | {cc['count_s']:.3f} + {cc['save_s']:.3f} s: "
+              f"{obs / cc['total_s'] / 1e6:.1f} M obs/s | {cc['total_s'] / cs['total_s']:.1f}x / "
+              f"**{obs / cs['total_s'] / LLAMA_COUNT_OBS_PER_S:.1f}x** | {ll[0]} s (counting: "
+              f"{obs / LLAMA_COUNT_OBS_PER_S:.2f} s) | {fmt_mb(cs['peak_rss'])} / {fmt_mb(cc['peak_rss'])} / "
               f"{fmt_mb(ll[1])} (tokens + interpreter: {fmt_mb(cs['base_rss'])}) |")
     print("\n| corpus | file: NGST / lookup.bin | open: StaticTable.open / NgramCache.load | resident added | "
           "verify | draft us/token: StaticTable / NgramCache (drafted, accepted) |")
