@@ -407,12 +407,17 @@ public:
     static StaticTable build(const token_t* tokens, size_t n_tokens, int n) {
         check_n(n);
         check_host();
-        token_t max_tok = 0;
+        // Branch-free min/max (vectorised); the first negative id is searched only on error.
+        token_t min_tok = 0, max_tok = 0;
         for (size_t i = 0; i < n_tokens; ++i) {
-            if (tokens[i] < 0)
-                throw InputError("tokens: negative token id " + std::to_string(tokens[i]) + " at index " +
-                                 std::to_string(i));
-            if (tokens[i] > max_tok) max_tok = tokens[i];
+            min_tok = std::min(min_tok, tokens[i]);
+            max_tok = std::max(max_tok, tokens[i]);
+        }
+        if (min_tok < 0) {
+            const token_t* neg = std::find_if(tokens, tokens + n_tokens, [](token_t t) { return t < 0; });
+            const size_t i = static_cast<size_t>(neg - tokens);
+            throw InputError("tokens: negative token id " + std::to_string(tokens[i]) + " at index " +
+                             std::to_string(i));
         }
         if (n_tokens <= static_cast<size_t>(n))
             return from_sorted_keys(n, ngst::Source::tokens, {}, {}, 0, [](size_t, uint8_t*, uint8_t*) {});
