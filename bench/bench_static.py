@@ -249,6 +249,7 @@ def main() -> int:
         oc = run_child("load-cache", lcs)
         dr = run_child("draft", stream_path, ngst, lcs)
         rows.append({"size_mb": size, "tokens": n, "create_static": cs, "create_cache": cc,
+                     "create_static_runs": runs_s, "create_cache_runs": runs_c,
                      "ngst_bytes": ngst.stat().st_size, "llama_bytes": lcs.stat().st_size,
                      "open_static": os_, "load_cache": oc, "draft": dr})
     lk = lookup_bench(work, work / f"corpus-{sizes[-1]}.ngst", work / f"corpus-{sizes[-1]}.bin", stream_path)
