@@ -176,6 +176,20 @@ def test_build_matches_ngramcache_on_real_streams(small_static, prose):
         assert_same_as_cache(table, cache, 2)
 
 
+def test_build_of_a_long_stream_matches_ngramcache():
+    # Above ~1 M tokens the build hands processed memory back to the kernel as it scans;
+    # the shorter streams above never reach that path.
+    rng = np.random.default_rng(7)
+    toks = rng.zipf(1.3, 1_300_000) % 30_000
+    toks = toks.astype(np.int32)
+    table = StaticTable.build(toks)
+    cache = nc.NgramCache()
+    cache.update(toks, 2, 2)
+    assert table.total == toks.size - 2
+    assert_same_as_cache(table, cache, 2)
+    table.verify()
+
+
 def test_tie_rule_is_latest_first_occurrence():
     # after (1, 2): 5 6 6 5. Counts tie 2:2; 6's first occurrence is later, so 6 wins,
     # even though 5 was seen last.
