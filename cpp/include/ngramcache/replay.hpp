@@ -113,17 +113,6 @@ void count_overlap(const token_t* inp, size_t n, const NgramCache& dynamic, cons
     }
 }
 
-// NgramCache::merge, minus its up-front reserve: that reserve asks for exactly the size
-// needed, so merging one small chunk after another into a growing dynamic cache would
-// reallocate and copy the whole key array at every chunk (quadratic). Growing one key at
-// a time keeps the tables' geometric growth. Same keys, tokens, counts and order.
-inline void merge_chunk(NgramCache& dynamic, const NgramCache& context) {
-    for (size_t i = 0; i < context.size(); ++i) {
-        Part& dst = dynamic.get_or_insert(context.key_at(i));
-        for (const Entry& e : context.part_at(i)) dst.add(e.token, e.count);
-    }
-}
-
 inline int64_t elapsed_ns(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
         .count();
@@ -212,7 +201,7 @@ ReplayResult replay(const token_t* inp, size_t n_input, const ReplayOptions& opt
                 next_report = done + kProgressEvery;
             }
         }
-        detail::merge_chunk(dynamic, context);
+        dynamic.merge(context);
         context.clear();
         // A chunk adds at most 4 keys per token. Sizing the table once per chunk (llama.cpp's
         // unordered_map keeps its buckets across clear() too) spares the timed updates a
