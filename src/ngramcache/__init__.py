@@ -4,16 +4,21 @@ llama.cpp's n-gram lookup caches (context, dynamic, static), re-implemented in C
 with exact drafting, plus adapters that let a real model verify the drafts.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from ._core import CacheFormatError
 from .cache import NgramCache
 from .draft import draft
+from .drafters import AdaptiveGate, CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter
 from .static_table import StaticTable
 from .stats import ReplayStats, replay
-from .drafters import AdaptiveGate, CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter
 
-__version__ = "0.1.0"
+try:  # one source of truth: pyproject.toml
+    __version__ = version("ngramcache")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
-__all__ = ["CacheFormatError", "NgramCache", "draft", "__version__"]
-__all__ += ["ReplayStats", "replay"]
-__all__ += ["AdaptiveGate", "CopyDrafter", "Drafter", "DraftStats", "LookupDrafter", "OracleDrafter"]
-__all__ += ["StaticTable"]
+__all__ = [
+    "AdaptiveGate", "CacheFormatError", "CopyDrafter", "DraftStats", "Drafter", "LookupDrafter",
+    "NgramCache", "OracleDrafter", "ReplayStats", "StaticTable", "__version__", "draft", "replay",
+]
