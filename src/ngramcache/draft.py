@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _core
-from ._tokens import as_tokens
+from ._validate import as_tokens
 from .cache import NgramCache, _check_sizes
 
 # The output buffer is allocated up front; a cycle in the caches can make a draft as long as

@@ -20,8 +20,8 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from . import _core
-from ._atomic import atomic_open
-from ._tokens import as_tokens
+from .files import atomic_open
+from ._validate import as_tokens
 from .cache import NgramCache, _check_sizes
 
 _EMPTY = np.zeros(0, dtype=np.int32)

@@ -43,7 +43,7 @@ def _need_llama() -> None:
     if llama_cpp is None:
         raise ImportError("this needs llama-cpp-python: pip install 'ngramcache[llama]'")
 
-from ._tokens import as_tokens
+from ._validate import as_tokens
 from .drafters import AdaptiveGate, CopyDrafter, DraftStats, Drafter, LookupDrafter, load_costs, store_costs
 
 __all__ = [

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from . import _core
-from ._tokens import as_tokens
+from ._validate import as_tokens
 from .cache import NgramCache
 
 CacheFormatError = _core.CacheFormatError

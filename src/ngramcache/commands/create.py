@@ -97,7 +97,8 @@ def _count_llama(tokens, quiet: bool):
 @guarded("create")
 def run(args) -> int:
     from ..progress import Progress
-    from ..tokenizers import expand_inputs, load_tokenizer, read_tokens_file, tokenize_files, write_tokens_file
+    from ..files import expand_inputs, read_tokens_file, write_tokens_file
+    from ..tokenizers import load_tokenizer, tokenize_files
 
     _check_args(args)
     fmt = output_format(args.output, args.format)

@@ -92,7 +92,7 @@ def _tokenize(args):
 def run(args) -> int:
     from ..progress import Progress, fmt_seconds
     from ..stats import load_dynamic, load_static, replay
-    from ..tokenizers import read_tokens_file
+    from ..files import read_tokens_file
     import dataclasses
     import time
 

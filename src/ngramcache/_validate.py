@@ -1,10 +1,12 @@
-"""Token validation: every public entry point converts its tokens here, once."""
+"""Argument validation for every public entry point: tokens are converted here, once,
+and integer arguments are checked here, so every error names the argument the same way."""
 
 from __future__ import annotations
 
 import numpy as np
 
 INT32_MAX = 2**31 - 1
+NGRAM_MAX = 4  # llama.cpp's LLAMA_NGRAM_MAX: the longest key
 
 
 def as_tokens(tokens, name: str = "tokens") -> np.ndarray:
@@ -47,6 +49,17 @@ def as_tokens(tokens, name: str = "tokens") -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+def tail(tokens, n: int):
+    """The last ``n`` elements of a sequence when it can be sliced, else the sequence
+    itself: lets an O(1) operation validate O(1) tokens, however long the sequence."""
+    if hasattr(tokens, "__len__") and not isinstance(tokens, (str, bytes)) and len(tokens) > n:
+        try:
+            return tokens[len(tokens) - n:]
+        except TypeError:  # a sequence without slicing (deque): validated whole
+            pass
+    return tokens
+
+
 def _name_bad_element(seq, name: str) -> None:
     """numpy turns Python ints beyond int64 into object or float64 arrays; name the first
     element that is not a valid token id instead of blaming the dtype."""
@@ -57,3 +70,31 @@ def _name_bad_element(seq, name: str) -> None:
             raise ValueError(f"{name}: negative token id {v} at index {i}")
         if v > INT32_MAX:
             raise ValueError(f"{name}: token id {v} at index {i} is beyond the int32 range")
+
+
+def check_int(name: str, value, lo: int | None = None, hi: int | None = None, *,
+              none_ok: bool = False) -> int | None:
+    """``value`` as an int, or ValueError naming ``name``: it must be an integer (not a
+    bool, not a float) within ``lo..hi`` (either bound may be None). ``none_ok`` lets
+    None through."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        kind = "an integer or None" if none_ok else "an integer"
+        raise ValueError(f"{name} must be {kind}, got {type(value).__name__}")
+    if lo is not None and hi is not None and not lo <= value <= hi:
+        raise ValueError(f"{name} must be {lo} to {hi}, got {value}")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {value}")
+    return int(value)
+
+
+def check_ngram_sizes(ngram_min, ngram_max) -> tuple[int, int]:
+    """The n-gram size range of an update or a draft: 1 <= ngram_min <= ngram_max <= 4."""
+    ok = all(not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, np.integer)) for v in (ngram_min, ngram_max))
+    if not ok or not (1 <= ngram_min <= ngram_max <= NGRAM_MAX):
+        raise ValueError(f"need 1 <= ngram_min <= ngram_max <= {NGRAM_MAX}, got ngram_min={ngram_min}, "
+                         f"ngram_max={ngram_max}")
+    return int(ngram_min), int(ngram_max)
