@@ -1,4 +1,4 @@
-"""End-to-end benchmark (issue 5): a real model verifying drafts, tokens per second.
+"""End-to-end benchmark: a real model verifying drafts, tokens per second.
 
     .venv/bin/python bench/bench_e2e.py                      # full: both models, 5 workloads
     .venv/bin/python bench/bench_e2e.py --quick              # smoke test: tiny sizes
@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import ngramcache as nc  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
+from ngramcache.models import model_path  # noqa: E402
 
 VARIANTS = ("plain", "lcpp-plain", "pld-10", "pld-2", "fixed8-lcpp", "fixed8", "lookup", "ngc", "ngc+static",
             "oracle")
@@ -230,7 +231,7 @@ def main(argv=None) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     all_results = {}
     for m in args.models.split(","):
-        path = {"gemma": nl.default_model_path, "smollm2": nl.smollm2_model_path}.get(m, lambda: m)()
+        path = model_path(m)  # a packaged model's name or a GGUF file
         all_results[m] = run_model(m, path, tasks, args.tokens, args.repeats, args.n_draft, args.static_bytes,
                                    args.threads, log)
     print(f"\n{args.tokens} tokens per run, median of {args.repeats} rounds, "

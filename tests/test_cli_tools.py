@@ -103,7 +103,7 @@ def stdlib_corpus(tmp_path: Path, limit: int = 300_000) -> Path:
 def smollm2_path() -> str:
     if not HAVE_LLAMA:
         pytest.skip("llama-cpp-python not installed")
-    from ngramcache.tokenizers import default_model_path
+    from ngramcache.models import default_model_path
     try:
         return default_model_path("smollm2")
     except FileNotFoundError as e:

@@ -11,7 +11,9 @@ import pytest
 
 import ngramcache as nc
 from ngramcache import AdaptiveGate, Drafter, LookupDrafter, NgramCache, OracleDrafter
-from ngramcache.drafters import _TokenBuffer, expected_rate, load_costs, store_costs
+from ngramcache.drafters import _TokenBuffer
+from ngramcache.gate import expected_rate
+from ngramcache.llama import load_costs, store_costs
 
 
 def stdlib_tokens(n: int) -> np.ndarray:
@@ -80,13 +82,13 @@ def test_work_per_step_does_not_grow_with_length(monkeypatch):
     seen = []
     d = LookupDrafter()
     d.reset(stdlib_tokens(5000))
-    orig = NgramCache._update
+    orig = NgramCache.update
 
     def spy(self, tokens, a, b, nnew):
         seen.append((tokens.size, nnew))
         return orig(self, tokens, a, b, nnew)
 
-    monkeypatch.setattr(NgramCache, "_update", spy)
+    monkeypatch.setattr(NgramCache, "update", spy)
     d.accept([1, 2, 3])
     d.accept([4])
     assert seen == [(5003, 3), (5004, 1)]

@@ -266,17 +266,17 @@ def test_sampling_same_text_with_or_without_drafts(temperature):
 
 
 def test_sampler_follows_the_distribution():
-    from ngramcache.llama import _Sampler
+    from ngramcache.generation import Sampler
 
     row = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
-    s = _Sampler(1.0, 0, 1.0, seed=7)
+    s = Sampler(1.0, 0, 1.0, seed=7)
     n = 20000
     counts = np.bincount([s(row) for _ in range(n)], minlength=4) / n
     assert np.allclose(counts, [0.5, 0.3, 0.15, 0.05], atol=0.015)
-    s = _Sampler(1.0, 2, 1.0, seed=7)  # top_k=2 renormalises over the best two
+    s = Sampler(1.0, 2, 1.0, seed=7)  # top_k=2 renormalises over the best two
     counts = np.bincount([s(row) for _ in range(n)], minlength=4) / n
     assert np.allclose(counts, [0.625, 0.375, 0, 0], atol=0.015)
-    s = _Sampler(1.0, 0, 0.7, seed=7)  # top_p=0.7: smallest set with mass >= 0.7
+    s = Sampler(1.0, 0, 0.7, seed=7)  # top_p=0.7: smallest set with mass >= 0.7
     counts = np.bincount([s(row) for _ in range(n)], minlength=4) / n
     assert np.allclose(counts, [0.625, 0.375, 0, 0], atol=0.015)
 

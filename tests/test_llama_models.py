@@ -21,6 +21,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 from ngramcache import LookupDrafter  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
+from ngramcache.models import default_model_path  # noqa: E402
 
 def _prompts() -> list[str]:
     text, _ = data.prose(2400)
@@ -68,7 +69,7 @@ def _first_divergence(a, b):
 @pytest.fixture(scope="module")
 def gemma_path():
     try:
-        return nl.default_model_path()
+        return default_model_path("gemma")
     except FileNotFoundError as e:
         pytest.skip(str(e))
 
@@ -198,7 +199,7 @@ def test_bad_inputs(gemma, tmp_path):
 @pytest.fixture(scope="module")
 def smol():
     try:
-        path = nl.smollm2_model_path()
+        path = default_model_path("smollm2")
     except FileNotFoundError as e:
         pytest.skip(str(e))
     llm = nl.make_llama(path, n_ctx=1024, n_batch=64)

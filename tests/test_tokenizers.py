@@ -17,6 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ngramcache import files as F
+from ngramcache import models as M
+from ngramcache import text as TX
 from ngramcache import tokenizers as T
 from ngramcache.progress import Progress, fmt_bytes, fmt_count, fmt_seconds, peak_rss_bytes
 
@@ -99,7 +102,7 @@ def reference_escapes(data: bytes) -> bytes:
     (b"no escapes at all", b"no escapes at all"),
 ])
 def test_escapes(src, want):
-    assert T.process_escapes(src) == want
+    assert TX.process_escapes(src) == want
     assert reference_escapes(src) == want
 
 
@@ -108,7 +111,7 @@ def test_escapes(src, want):
                                  b"-", b"\n", b"\x00", b"0", b"a", b"\xf4"]), max_size=40))
 def test_escapes_match_reference(parts):
     data = b"".join(parts)
-    assert T.process_escapes(data) == reference_escapes(data)
+    assert TX.process_escapes(data) == reference_escapes(data)
 
 
 @pytest.mark.parametrize("src, want", [
@@ -122,16 +125,16 @@ def test_escapes_match_reference(parts):
     (b"a\\n\n", b"a\n"),          # the trailing newline goes, then \n becomes one
 ])
 def test_prepare_text_trailing_newline_then_escapes(src, want):
-    assert T.prepare_text(src) == want
+    assert TX.prepare_text(src) == want
 
 
 def test_prepare_text_no_escape():
-    assert T.prepare_text(b"a\\tb\\x41\n", escape=False) == b"a\\tb\\x41"
+    assert TX.prepare_text(b"a\\tb\\x41\n", escape=False) == b"a\\tb\\x41"
 
 
 def test_prepare_text_rejects_str():
     with pytest.raises(TypeError, match="bytes"):
-        T.prepare_text("text")
+        TX.prepare_text("text")
 
 
 # -- invalid code points ----------------------------------------------------------------
@@ -145,8 +148,8 @@ def test_prepare_text_rejects_str():
     (b"ok \xf0\x9f\x98\x80 \xf4\xbf\xbf\xbf", 8),
 ])
 def test_invalid_codepoint_named_with_offset(text, offset):
-    with pytest.raises(T.InvalidTextError) as ei:
-        T.check_codepoints(text, "corpus.txt")
+    with pytest.raises(TX.InvalidTextError) as ei:
+        TX.check_codepoints(text, "corpus.txt")
     e = ei.value
     assert e.offset == offset and e.path == "corpus.txt"
     assert f"corpus.txt: byte offset {offset}:" in str(e)
@@ -163,28 +166,28 @@ def test_invalid_codepoint_named_with_offset(text, offset):
     b"\xf8\x88\x80\x80\x80",    # 5-byte lead: invalid, replaced
 ])
 def test_other_invalid_utf8_accepted(text):
-    T.check_codepoints(text, "x")
+    TX.check_codepoints(text, "x")
 
 
 def test_invalid_codepoint_from_escape_points_into_the_file():
     src = b"0123\\t\\xF4\\x90\\x80\\x80 tail\n"
-    with pytest.raises(T.InvalidTextError) as ei:
-        T.prepare_text(src, name="f.py")
+    with pytest.raises(TX.InvalidTextError) as ei:
+        TX.prepare_text(src, name="f.py")
     assert ei.value.offset == 6  # the backslash of \xF4 in the file
     assert "escape sequence" in str(ei.value) and "--no-escape" in str(ei.value)
     # The same bytes as escapes kept as text are plain ASCII.
-    assert T.prepare_text(src, escape=False, name="f.py").startswith(b"0123\\t")
+    assert TX.prepare_text(src, escape=False, name="f.py").startswith(b"0123\\t")
 
 
 def test_invalid_codepoint_literal_offset_after_escapes_counts_file_bytes():
     src = b"\\n\\n\\n\xf4\x90\x80\x80"
-    with pytest.raises(T.InvalidTextError) as ei:
-        T.prepare_text(src, name="f")
+    with pytest.raises(TX.InvalidTextError) as ei:
+        TX.prepare_text(src, name="f")
     assert ei.value.offset == 6 and "escape" not in str(ei.value)
 
 
 def test_check_can_be_skipped():
-    assert T.prepare_text(b"\xf4\x90\x80\x80", check=False) == b"\xf4\x90\x80\x80"
+    assert TX.prepare_text(b"\xf4\x90\x80\x80", check=False) == b"\xf4\x90\x80\x80"
 
 
 # -- pieces -----------------------------------------------------------------------------
@@ -205,10 +208,10 @@ def _stdlib_text(limit: int) -> bytes:
 
 def test_split_pieces_cut_points_and_sizes():
     text = _stdlib_text(400_000)
-    pieces = T.split_pieces(text, 16_384)
+    pieces = TX.split_pieces(text, 16_384)
     assert b"".join(pieces) == text
     assert len(pieces) > 10
-    ok = [i for i in range(2, len(text)) if T._is_cut(text, i)]
+    ok = [i for i in range(2, len(text)) if TX._is_cut(text, i)]
     pos = 0
     for p in pieces[:-1]:
         start, pos = pos, pos + len(p)
@@ -224,13 +227,13 @@ def test_split_pieces_cut_points_and_sizes():
 
 
 def test_split_pieces_degenerate():
-    assert T.split_pieces(b"", 10) == [b""]
-    assert T.split_pieces(b"short", 10) == [b"short"]
-    assert T.split_pieces(b"x" * 100, 0) == [b"x" * 100]
+    assert TX.split_pieces(b"", 10) == [b""]
+    assert TX.split_pieces(b"short", 10) == [b"short"]
+    assert TX.split_pieces(b"x" * 100, 0) == [b"x" * 100]
     no_cut = b"    indented\n" * 50  # every line starts with spaces: nowhere to cut
-    assert T.split_pieces(no_cut, 64) == [no_cut]
+    assert TX.split_pieces(no_cut, 64) == [no_cut]
     text = b"aaaa\nbbbb\ncccc\ndddd"
-    pieces = T.split_pieces(text, 6)
+    pieces = TX.split_pieces(text, 6)
     assert b"".join(pieces) == text and pieces == [b"aaaa\n", b"bbbb\n", b"cccc\n", b"dddd"]
 
 
@@ -240,51 +243,51 @@ def test_read_tokens_raw_and_npy(tmp_path):
     toks = np.array([0, 5, 2**31 - 1, 49151], dtype=np.int64)
     raw = tmp_path / "t.i32"
     toks.astype("<i4").tofile(raw)
-    got = T.read_tokens_file(raw)
+    got = F.read_tokens_file(raw)
     assert got.dtype == np.int32 and got.tolist() == toks.tolist()
     npy = tmp_path / "t.npy"
     np.save(npy, toks)
-    assert T.read_tokens_file(npy).tolist() == toks.tolist()
+    assert F.read_tokens_file(npy).tolist() == toks.tolist()
     # Content decides, not the name: a .npy image under another name still loads.
     other = tmp_path / "t.bin"
     other.write_bytes(npy.read_bytes())
-    assert T.read_tokens_file(other).tolist() == toks.tolist()
-    T.write_tokens_file(tmp_path / "w.i32", toks)
+    assert F.read_tokens_file(other).tolist() == toks.tolist()
+    F.write_tokens_file(tmp_path / "w.i32", toks)
     assert (tmp_path / "w.i32").read_bytes() == raw.read_bytes()
     empty = tmp_path / "e.i32"
     empty.write_bytes(b"")
-    assert T.read_tokens_file(empty).size == 0
+    assert F.read_tokens_file(empty).size == 0
 
 
 def test_read_tokens_errors(tmp_path):
     odd = tmp_path / "odd.i32"
     odd.write_bytes(b"\x01\x00\x00\x00\x02\x00")
     with pytest.raises(ValueError, match=r"odd.i32: 6 bytes is not a whole number of int32"):
-        T.read_tokens_file(odd)
+        F.read_tokens_file(odd)
     neg = tmp_path / "neg.i32"
     np.array([1, -7, 3], dtype="<i4").tofile(neg)
     with pytest.raises(ValueError, match=r"neg.i32: negative token id -7 at index 1"):
-        T.read_tokens_file(neg)
+        F.read_tokens_file(neg)
     fl = tmp_path / "f.npy"
     np.save(fl, np.array([1.0, 2.0]))
     with pytest.raises(ValueError, match=r"f.npy: token ids must be integers"):
-        T.read_tokens_file(fl)
+        F.read_tokens_file(fl)
     two = tmp_path / "2d.npy"
     np.save(two, np.zeros((2, 2), dtype=np.int32))
     with pytest.raises(ValueError, match=r"2d.npy.*1-D"):
-        T.read_tokens_file(two)
+        F.read_tokens_file(two)
     big = tmp_path / "big.npy"
     np.save(big, np.array([1, 2**40], dtype=np.int64))
     with pytest.raises(ValueError, match=r"big.npy.*int32"):
-        T.read_tokens_file(big)
+        F.read_tokens_file(big)
     bad = tmp_path / "bad.npy"
     bad.write_bytes(b"\x93NUMPY\x01\x00garbage")
     with pytest.raises(ValueError, match=r"bad.npy: not a readable .npy"):
-        T.read_tokens_file(bad)
+        F.read_tokens_file(bad)
     with pytest.raises(FileNotFoundError):
-        T.read_tokens_file(tmp_path / "missing.i32")
+        F.read_tokens_file(tmp_path / "missing.i32")
     with pytest.raises(ValueError, match="directory"):
-        T.read_tokens_file(tmp_path)
+        F.read_tokens_file(tmp_path)
 
 
 # -- inputs -----------------------------------------------------------------------------
@@ -303,12 +306,12 @@ def test_expand_inputs(tmp_path):
     (d / "blob.bin").write_bytes(b"ab\0cd")
     single = tmp_path / "single.txt"
     single.write_bytes(b"s")
-    files, skipped = T.expand_inputs([single, d])
+    files, skipped = F.expand_inputs([single, d])
     assert [f.relative_to(tmp_path).as_posix() for f in files] == [
         "single.txt", "corpus/a.txt", "corpus/b.txt", "corpus/sub/c.txt"]
     assert [s.name for s in skipped] == ["blob.bin"]
     with pytest.raises(FileNotFoundError, match="nope.txt"):
-        T.expand_inputs([tmp_path / "nope.txt"])
+        F.expand_inputs([tmp_path / "nope.txt"])
 
 
 # -- loading tokenizers: errors that need no model --------------------------------------
@@ -325,7 +328,7 @@ def test_load_tokenizer_arguments(tmp_path):
     with pytest.raises(ValueError, match="x.gguf: not a GGUF model file"):
         T.load_tokenizer(model=notgguf)
     with pytest.raises(ValueError, match="unknown packaged model 'llama9'"):
-        T.default_model_path("llama9")
+        M.default_model_path("llama9")
 
 
 @needs_llama
@@ -340,14 +343,14 @@ def test_truncated_gguf_is_a_clear_error(tmp_path):
 
 def _smollm2_path():
     try:
-        return T.default_model_path("smollm2")
+        return M.default_model_path("smollm2")
     except FileNotFoundError as e:
         pytest.skip(str(e))
 
 
 def _gemma_path():
     try:
-        return T.default_model_path("gemma")
+        return M.default_model_path("gemma")
     except FileNotFoundError as e:
         pytest.skip(str(e))
 
@@ -388,8 +391,8 @@ def test_smollm2_facts(smollm2, vectors_dir):
     assert smollm2.tokenize(b"<|im_start|>", parse_special=False).size > 1
     # The escape step matters on the small static corpus: 139 bytes fewer.
     raw = (vectors_dir / "small-static.txt").read_bytes()
-    assert len(raw) - len(T.prepare_text(raw)) == 139
-    assert len(T.prepare_text(raw, escape=False)) == len(raw)
+    assert len(raw) - len(TX.prepare_text(raw)) == 139
+    assert len(TX.prepare_text(raw, escape=False)) == len(raw)
 
 
 @pytest.mark.model
@@ -423,11 +426,11 @@ def test_gemma_pieces_add_one_bos_and_match_single_call(gemma):
 
 @pytest.mark.model
 def test_tokenize_text_rejects_what_llama_cpp_aborts_on(smollm2, tmp_path):
-    with pytest.raises(T.InvalidTextError, match=r"doc.txt: byte offset 5: .*U\+110000"):
+    with pytest.raises(TX.InvalidTextError, match=r"doc.txt: byte offset 5: .*U\+110000"):
         T.tokenize_text(b"hello\xf4\x90\x80\x80", smollm2, name="doc.txt")
     f = tmp_path / "esc.txt"
     f.write_bytes(b"s = '\\xf4\\x90\\x80\\x80'\n")
-    with pytest.raises(T.InvalidTextError, match=r"esc.txt: byte offset 5: .*escape sequence"):
+    with pytest.raises(TX.InvalidTextError, match=r"esc.txt: byte offset 5: .*escape sequence"):
         T.tokenize_files([f], smollm2, jobs=1)
     # With --no-escape the same file is plain ASCII.
     assert T.tokenize_files([f], smollm2, jobs=1, escape=False).size > 5
@@ -505,7 +508,7 @@ def test_hf_tokenizer(hf_json, tmp_path):
     assert tok.prefix.tolist() == [0] and tok.suffix.tolist() == [1]
     text = _stdlib_text(150_000)
     got = T.tokenize_text(text + b"\n", tok)
-    prepared = T.prepare_text(text + b"\n")
+    prepared = TX.prepare_text(text + b"\n")
     assert prepared != text  # escapes in the source code were processed
     assert got.tolist() == ref.encode(prepared.decode(), add_special_tokens=True).ids
     # Special-token text is matched (parse_special), as in llama.cpp.

@@ -43,6 +43,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ._validate import check_int
 from .files import expand_inputs
 from .models import model_path, usable_cpus
 from .text import DEFAULT_PIECE_BYTES, prepare_text, split_pieces
@@ -382,6 +383,7 @@ def tokenize_text(data: bytes, tok, escape: bool = True, name: str = "<text>", p
 
     ``piece_bytes > 0`` allows piecewise tokenization (see the module docstring); the
     default, 0, makes one tokenizer call, the same as llama.cpp's."""
+    piece_bytes = check_int("piece_bytes", piece_bytes, 0)
     text = prepare_text(data, escape, name, check=tok.rejects_above_max_codepoint)
     return _tokenize_prepared(text, tok, piece_bytes)
 
@@ -409,11 +411,11 @@ def tokenize_files(paths: Iterable[str | os.PathLike], tok, escape: bool = True,
     ``progress``: an object with ``update(n_bytes)`` (e.g. :class:`ngramcache.progress.Progress`
     with ``unit="B"``), called as input bytes are done.
     """
+    jobs = check_int("jobs", jobs, 1, none_ok=True)
+    piece_bytes = check_int("piece_bytes", piece_bytes, 0, none_ok=True)
     files, _ = expand_inputs(paths)
     if jobs is None:
         jobs = default_jobs()
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
     if piece_bytes is None:
         piece_bytes = DEFAULT_PIECE_BYTES
     total = sum(f.stat().st_size for f in files)

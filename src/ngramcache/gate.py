@@ -1,0 +1,151 @@
+"""How much of a draft is worth verifying: the adaptive gate.
+
+Verifying k drafted tokens costs more than verifying one token, and a draft pays only
+when enough of it is right. :class:`AdaptiveGate` weighs the two: it knows what
+verifying a batch of k tokens costs on this model (``costs``, e.g. from
+``ngramcache.llama.verify_costs``) and learns how often drafts have been right so far.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ._validate import check_int
+
+__all__ = ["AdaptiveGate", "check_costs", "expected_rate"]
+
+
+def check_costs(costs) -> np.ndarray:
+    """``costs`` (``costs[k-1]``: the time to verify k tokens) relative to ``costs[0]``;
+    ValueError unless it is a non-empty 1-D sequence of positive finite numbers."""
+    c = np.asarray(costs, dtype=np.float64)
+    if c.ndim != 1 or c.size < 1:
+        raise ValueError("costs: expected a 1-D sequence, costs[k-1] = time to verify k tokens")
+    if not np.all(np.isfinite(c)) or np.any(c <= 0):
+        raise ValueError("costs: every verification cost must be a positive finite number")
+    return c / c[0]
+
+
+class AdaptiveGate:
+    """Chooses how many drafted tokens to verify.
+
+    ``costs[k-1]`` is the time to verify a batch of k tokens (the last verified token
+    plus k-1 drafted ones); only ratios matter. For a proposal of length L the gate
+    keeps the first k tokens, k in 0..L, that maximise expected tokens per unit of
+    time, ``E(k) / cost(k+1)`` with ``E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j``, where
+    ``p_j`` is the estimated chance that drafted token j is right given that the
+    tokens before it were. k = 0 (plain decoding) wins whenever no draft is expected
+    to pay for its verification.
+
+    The ``p_j`` are learnt per state (how long the drafter's proposal was, and
+    whether the previous proposal's first token was right), shrunk towards the
+    estimate pooled over states, and decay so that the gate follows changes within a
+    generation. Every proposal is scored against the tokens that really followed,
+    including the proposals the gate declined, so skipping does not stop learning.
+    """
+
+    #: proposal lengths (or match lengths) are bucketed: 1, 2-3, 4-7, 8+
+    _LEN_BUCKETS = (1, 2, 4, 8)
+    #: where a proposal came from: 0 lookup caches, 1 a copy of an earlier span
+    N_SOURCES = 2
+
+    def __init__(self, costs: Sequence[float], decay: float = 0.97, prior: tuple[float, float] = (1.0, 2.0),
+                 shrink: float = 4.0, overhead: float = 0.0, min_gain: float = 0.05):
+        self.costs = check_costs(costs)
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if prior[0] <= 0 or prior[1] <= 0:
+            raise ValueError(f"prior: both Beta parameters must be > 0, got {prior}")
+        if shrink < 0:
+            raise ValueError(f"shrink must be >= 0, got {shrink}")
+        if overhead < 0:
+            raise ValueError(f"overhead must be >= 0, got {overhead}")
+        if min_gain < 0:
+            raise ValueError(f"min_gain must be >= 0, got {min_gain}")
+        # drafting only when it is expected to beat plain decoding by this much: the
+        # estimates that trigger a draft are the lucky ones (the winner's curse)
+        self.min_gain = float(min_gain)
+        self.decay = float(decay)
+        self.prior = (float(prior[0]), float(prior[1]))
+        self.shrink = float(shrink)
+        self.overhead = float(overhead)  # cost of one proposal, in units of a 1-token verify
+        self.max_len = self.costs.size - 1
+        n_states = len(self._LEN_BUCKETS) * 3 * self.N_SOURCES
+        # hits/trials per (state, position), position j = drafted token j+1. Plain lists:
+        # at most a few dozen numbers per step, where numpy's per-call cost would dominate.
+        self._cost = [float(c) for c in self.costs]
+        self._hits = [[0.0] * (self.max_len + 1) for _ in range(n_states)]
+        self._trials = [[0.0] * (self.max_len + 1) for _ in range(n_states)]
+        self._pool_hits = [0.0] * (self.max_len + 1)
+        self._pool_trials = [0.0] * (self.max_len + 1)
+
+    def state(self, proposal_len: int, prev: int, source: int = 0) -> int:
+        """State index from the proposal's length (for copies: the length of the match
+        it continues), the previous outcome (0: previous first token wrong, 1: right,
+        2: no previous proposal) and the source (0 lookup, 1 copy)."""
+        b = 0
+        for i, lo in enumerate(self._LEN_BUCKETS):
+            if proposal_len >= lo:
+                b = i
+        return (source * len(self._LEN_BUCKETS) + b) * 3 + prev
+
+    def probabilities(self, state: int, n: int) -> np.ndarray:
+        """Estimated conditional acceptance of drafted tokens 1..n in ``state``."""
+        return np.asarray(self._probs(state, min(n, self.max_len + 1)))
+
+    def _probs(self, state: int, n: int) -> list[float]:
+        a, b = self.prior
+        w = self.shrink
+        h, t = self._hits[state], self._trials[state]
+        ph, pt = self._pool_hits, self._pool_trials
+        return [(h[j] + w * (ph[j] + a) / (pt[j] + a + b)) / (t[j] + w) for j in range(n)]
+
+    def choose(self, state: int, available: int) -> int:
+        """How many of ``available`` drafted tokens to verify (0 = do not draft)."""
+        k_max = min(available, self.max_len)
+        if k_max <= 0:
+            return 0
+        best_k, best_rate = 0, 1.0 + self.min_gain  # plain decoding: 1 token per unit of cost
+        expected, run = 1.0, 1.0
+        cost = self._cost
+        for j, p in enumerate(self._probs(state, k_max)):
+            run *= p
+            expected += run
+            rate = expected / (cost[j + 1] + self.overhead)
+            if rate > best_rate:
+                best_k, best_rate = j + 1, rate
+        return best_k
+
+    def observe(self, state: int, n_right: int, n_scored: int, start: int = 0) -> None:
+        """Drafted tokens ``start+1 .. start+n_scored`` of a proposal made in ``state``
+        were compared with what followed: the first ``n_right`` of them were right
+        (``n_right < n_scored``: the next one was wrong). Tokens before ``start`` were
+        reported earlier (proposals are scored as the text arrives)."""
+        end = min(start + n_scored, self.max_len + 1)
+        n_right = min(n_right, end - start)
+        if end <= start:
+            return
+        tried = start + n_right + (1 if start + n_right < end else 0)
+        d = self.decay
+        h, t = self._hits[state], self._trials[state]
+        ph, pt = self._pool_hits, self._pool_trials
+        for j in range(start, tried):
+            hit = 1.0 if j < start + n_right else 0.0
+            h[j] = h[j] * d + hit
+            t[j] = t[j] * d + 1.0
+            ph[j] = ph[j] * d + hit
+            pt[j] = pt[j] * d + 1.0
+
+
+def expected_rate(p: Sequence[float], costs: Sequence[float], k: int) -> float:
+    """Tokens per unit of time when verifying k drafted tokens with conditional
+    acceptances ``p`` (helper for reports and tests)."""
+    c = check_costs(costs)
+    k = check_int("k", k, 0)
+    if k == 0:
+        return 1.0
+    e = 1.0 + float(np.sum(np.cumprod(np.asarray(p, dtype=float)[:k])))
+    return e / float(c[k]) if k < c.size else math.nan
