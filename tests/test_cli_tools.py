@@ -426,3 +426,217 @@ def test_console_script():
             pytest.skip("the ngramcache script is not on this environment's PATH")
     r = subprocess.run([str(script), "create", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "-lcs OUT" in r.stdout and "--no-escape" in r.stdout
+
+
+# -- one skeleton: help, the error path, shared flags ---------------------------------------
+
+COMMAND_NAMES = ("create", "merge", "convert", "info", "stats", "generate", "demo")
+
+
+@pytest.mark.parametrize("argv", [[]] + [[c] for c in COMMAND_NAMES])
+def test_every_help(capsys, argv):
+    rc, out, err = run_cli(capsys, *argv, "--help")
+    assert rc == 0 and err == ""
+    assert out.startswith("usage: ngramcache" + (f" {argv[0]}" if argv else ""))
+    if argv:  # the output flags are declared once, for every command
+        assert "--json" in out and "-q, --quiet" in out
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["stats", "--tokens", "t.i32", "-c", "1"], "-c/--ctx-size must be >= 2"),
+    (["generate", "-p", "x", "--spec-draft-n-max", "-1"], "--spec-draft-n-max must be >= 0, got -1"),
+    (["generate", "-p", "x", "-c", "4"], "-c must be >= 8, got 4"),
+    (["demo", "-n", "0"], "-n must be >= 1, got 0"),
+    (["stats", "--tokens", "t.i32", "-m", "smollm2"], "--tokens replaces"),
+    (["stats", "-f", "a.txt", "-m", "smollm2", "--tokenizer", "t.json"], "exactly one tokenizer"),
+    (["stats", "-f", "a.txt", "-m", "smollm2", "-j", "0"], "-j/--jobs must be at least 1, got 0"),
+    (["create", "-f", "a.txt", "-m", "smollm2", "-lcs", "o.bin", "--piece-size", "-1"],
+     "--piece-size must be >= 0, got -1"),
+])
+def test_usage_errors_every_command(capsys, argv, msg):
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 2 and out == ""
+    usage, message = err.splitlines()[0], err.splitlines()[-1]
+    assert usage.startswith(f"usage: ngramcache {argv[0]} ")
+    assert message.startswith(f"ngramcache {argv[0]}: error: ") and msg in message, err
+
+
+def test_runtime_errors_generate_demo(tmp_path, capsys):
+    """Checked before any model is loaded: one line, exit status 1, no traceback."""
+    (tmp_path / "empty.txt").write_bytes(b"\n")
+    cases = [
+        (["generate", "-m", tmp_path / "missing.gguf", "-p", "x"], 1, "missing.gguf: model file not found"),
+        (["demo", "-m", tmp_path / "missing.gguf"], 1, "missing.gguf: model file not found"),
+        (["generate", "-f", tmp_path / "nofile.txt"], 1, "nofile.txt: No such file or directory"),
+        (["demo", "-f", tmp_path / "nofile.txt"], 1, "nofile.txt: No such file or directory"),
+        # -f drops one trailing newline, as llama.cpp does: nothing is left
+        (["generate", "-f", tmp_path / "empty.txt"], 2, "the prompt is empty"),
+    ]
+    for argv, code, msg in cases:
+        rc, out, err = run_cli(capsys, *argv)
+        assert rc == code and out == "", (argv, err)
+        assert err.splitlines()[-1] == f"ngramcache {argv[0]}: error: {msg}" or msg in err.splitlines()[-1], err
+        assert "Traceback" not in err
+
+
+def test_interrupt_and_broken_pipe(capsys, monkeypatch):
+    from ngramcache.commands import info
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(info, "run", interrupted)
+    rc, out, err = run_cli(capsys, "info", "x.bin")
+    assert rc == 130 and err == "interrupted\n"
+    monkeypatch.setattr(info, "run", broken)
+    stdout = sys.stdout
+    try:
+        rc, out, err = run_cli(capsys, "info", "x.bin")
+        assert sys.stdout is not stdout  # later writes go nowhere instead of failing again
+    finally:
+        if sys.stdout is not stdout:
+            sys.stdout.close()
+            sys.stdout = stdout
+    assert rc == 1 and err == ""
+
+
+@pytest.fixture(scope="module")
+def tiny_hf_json(tmp_path_factory):
+    """A small byte-level BPE tokenizer.json, trained on the reference prose."""
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    text = (Path(__file__).resolve().parents[1].parent / "shared" / "vectors" / "prose.txt").read_text()
+    tok.train_from_iterator([text[:50_000]], trainer=trainer)
+    path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def test_text_input_same_in_create_and_stats(vectors_dir, tmp_path, capsys, tiny_hf_json):
+    """create and stats read a corpus with the same flags: several -f files (or a
+    directory) tokenized one by one and concatenated; --tokenizer and --tokenizer-json
+    are one flag."""
+    text = (vectors_dir / "prose.txt").read_bytes()[:60_000]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes(text[:30_000])
+    (corpus / "b.txt").write_bytes(text[30_000:])
+    saved = tmp_path / "toks.i32"
+    s = run_json(capsys, "create", "--tokenizer-json", tiny_hf_json, "-f", corpus / "a.txt", corpus / "b.txt",
+                 "-lcs", tmp_path / "c.bin", "--save-tokens", saved)
+    assert s["inputs"] == [str(corpus / "a.txt"), str(corpus / "b.txt")]
+    toks = np.fromfile(saved, dtype="<i4")
+    assert s["tokens"] == toks.size > 2_000
+    replay = ["-c", "512", "--spec-draft-n-max", "4", "--json", "-q"]
+    from_tokens = json.loads(run_cli(capsys, "stats", "--tokens", saved, *replay)[1])
+    for flags in (["--tokenizer", tiny_hf_json, "-f", corpus / "a.txt", "-f", corpus / "b.txt"],
+                  ["--tokenizer-json", tiny_hf_json, "-f", corpus]):
+        rc, out, err = run_cli(capsys, "stats", *flags, *replay)
+        assert rc == 0, err
+        d = json.loads(out)
+        assert (d["n_input"], d["n_drafted"], d["n_accept"]) == \
+            (from_tokens["n_input"], from_tokens["n_drafted"], from_tokens["n_accept"])
+
+
+# -- prompts: llama.cpp's -p and -f rules in generate and demo -----------------------------
+
+PROMPT_CASES = [
+    # (flags, file content or None, the prompt the model must see)
+    (["-p", "say\\tthis\\n"], None, b"say\tthis\n"),
+    (["-p", "say\\tthis\\n", "--no-escape"], None, b"say\\tthis\\n"),
+    (["-p", "two lines\n"], None, b"two lines\n"),  # -p keeps a trailing newline
+    (["-f"], b"col\\x41\\tend\n", b"colA\tend"),  # one trailing newline dropped, escapes processed
+    (["-f", "--no-escape"], b"col\\x41\\tend\n\n", b"col\\x41\\tend\n"),
+]
+
+
+def _prompt_argv(tmp_path, flags, content):
+    if content is None:
+        return list(flags)
+    f = tmp_path / "prompt.txt"
+    f.write_bytes(content)
+    return ["-f", f] + flags[1:]
+
+
+class _FakeBackend:
+    def piece(self, tok):
+        return b"<%d>" % tok
+
+    def tokenize(self, prompt):
+        return np.frombuffer(prompt, dtype=np.uint8).astype(np.int32)
+
+
+def _fake_result(prompt, text="<7><8>"):
+    from types import SimpleNamespace
+    return SimpleNamespace(n_prompt=len(prompt), t_prompt=0.01, n_tokens=2, t_total=0.05, drafted=1, accepted=1,
+                           t_draft=1e-4, t_verify=0.03, steps=1, stop_reason="length", text=text,
+                           tokens=np.array([7, 8], dtype=np.int32), gen_tokens_per_s=50.0, e2e_tokens_per_s=40.0)
+
+
+@pytest.fixture
+def fake_llama(monkeypatch, tmp_path):
+    """ngramcache.llama with a fake model: records every prompt given to generate."""
+    from types import ModuleType, SimpleNamespace
+    from ngramcache import llama as nl
+    seen = []
+
+    def generate(llm, prompt, drafter=None, max_tokens=128, on_tokens=None, **kw):
+        seen.append(prompt)
+        if on_tokens is not None:
+            on_tokens([7, 8], 1)
+        return _fake_result(prompt)
+
+    def generate_llama_cpp(llm, prompt, max_tokens=128):
+        seen.append(prompt)
+        return _fake_result(prompt)
+
+    monkeypatch.setattr(nl, "make_llama", lambda *a, **k: object())
+    monkeypatch.setattr(nl.LlamaBackend, "of", classmethod(lambda cls, llm: _FakeBackend()))
+    monkeypatch.setattr(nl, "generate", generate)
+    monkeypatch.setattr(nl, "generate_llama_cpp", generate_llama_cpp)
+    monkeypatch.setattr(nl, "CountingDraftModel", lambda inner: inner)
+    monkeypatch.setattr(nl, "adaptive_drafter", lambda llm, **k: SimpleNamespace(gate=SimpleNamespace(costs=[1.0, 1.5])))
+    spec = ModuleType("llama_cpp.llama_speculative")
+    spec.LlamaPromptLookupDecoding = lambda: object()
+    if importlib.util.find_spec("llama_cpp") is None:
+        monkeypatch.setitem(sys.modules, "llama_cpp", ModuleType("llama_cpp"))
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", spec)
+    model = tmp_path / "fake.gguf"
+    model.write_bytes(b"GGUF")
+    return seen, model
+
+
+@pytest.mark.parametrize("flags, content, want", PROMPT_CASES)
+def test_generate_prompt_rules(tmp_path, capsys, fake_llama, flags, content, want):
+    seen, model = fake_llama
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "--no-draft", *_prompt_argv(tmp_path, flags, content))
+    assert rc == 0, err
+    assert seen == [want]
+    # llama-lookup's layout: the prompt, the text (draft tokens first), then the block on stderr
+    assert out == "\n\n" + want.decode() + "<7><8>\n\n"
+    assert "n_accept     = 1\naccept       = 100.000%\n" in err and err.startswith("encoded ")
+
+
+@pytest.mark.parametrize("flags, content, want", PROMPT_CASES)
+def test_demo_prompt_rules(tmp_path, capsys, fake_llama, flags, content, want):
+    seen, model = fake_llama
+    rc, out, err = run_cli(capsys, "demo", "-m", model, "--repeats", "1", "-n", "8", "-q",
+                           *_prompt_argv(tmp_path, flags, content))
+    assert rc == 0, err
+    assert err == ""  # -q: no progress lines
+    warm, runs = seen[:2], seen[2:]
+    assert warm == [want[:200]] * 2 and runs == [want] * 3  # plain, llama-cpp, ngramcache
+    lines = out.splitlines()
+    assert lines[0] == "" and lines[1].split() == ["method", "gen", "tok/s", "speedup", "e2e", "tok/s", "e2e",
+                                                   "speedup", "prompt", "s", "drafted", "accepted", "accept", "%",
+                                                   "identical"]
+    assert [ln.split()[0] for ln in lines[3:6]] == ["plain", "llama-cpp", "ngramcache"]
+    assert all(ln.split()[-1] == "yes" for ln in lines[3:6])
+    assert "ngramcache's output (1 lines; first 1):" in out

@@ -27,12 +27,11 @@ def command_parser(sub, name: str, run: Callable, *, help: str, description: str
     return p
 
 
-def add_output_flags(p, what: str = "the summary") -> argparse._ArgumentGroup:
-    """``--json`` and ``-q/--quiet``; the group is returned for a command's own output flags."""
-    out = p.add_argument_group("output")
+def add_output_flags(p, what: str = "the summary", group=None) -> None:
+    """``--json`` and ``-q/--quiet``, in ``group`` (a command's own output group) or a new one."""
+    out = p.add_argument_group("output") if group is None else group
     out.add_argument("--json", action="store_true", help=f"print {what} as one JSON object on stdout instead")
     out.add_argument("-q", "--quiet", action="store_true", help="no progress bars or notes on stderr")
-    return out
 
 
 def check_ranges(args, rules: Iterable[tuple[str, int, str]]) -> None:

@@ -32,7 +32,8 @@ def add_text_input(p, title: str = "input (text and a tokenizer, or tokens)") ->
 
 def check_text_input(args) -> None:
     if args.tokens and (args.files or args.model or args.tokenizer):
-        raise UsageError("--tokens replaces -m/--tokenizer and -f; give either --tokens FILE or a tokenizer and -f FILE")
+        raise UsageError("--tokens replaces -m/--tokenizer and -f; "
+                         "give either --tokens FILE or a tokenizer and -f FILE")
     if not args.tokens:
         if not args.files:
             raise UsageError("no input: give -f FILE (with -m MODEL or --tokenizer) or --tokens FILE, "

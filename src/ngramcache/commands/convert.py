@@ -25,10 +25,11 @@ def add_parser(sub) -> None:
                        description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("input", metavar="IN", help="cache file to read (either format)")
     p.add_argument("output", metavar="OUT", help="file to write")
+    add_format_flag(p)
     p.add_argument("--ngram-size", type=int, choices=(1, 2, 3, 4), metavar="N",
                    help="lookup.bin -> .ngst: keep only the keys of N tokens (needed for a context or "
                         "dynamic cache, which holds sizes 1-4; a static table holds one size)")
-    add_format_flag(add_output_flags(p))
+    add_output_flags(p)
 
 
 def run(args) -> int:

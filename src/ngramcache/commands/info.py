@@ -19,7 +19,8 @@ are printed."""
 def add_parser(sub) -> None:
     p = command_parser(sub, "info", run, help="print a cache file's header and sizes", description=DESCRIPTION)
     p.add_argument("file", metavar="FILE", help="cache file (.ngst or llama.cpp lookup.bin)")
-    p.add_argument("--verify", action="store_true", help="static tables: check every section's checksum (reads the whole file)")
+    p.add_argument("--verify", action="store_true",
+                   help="static tables: check every section's checksum (reads the whole file)")
     add_output_flags(p)
 
 

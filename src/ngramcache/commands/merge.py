@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     p = command_parser(sub, "merge", run, help="add up caches of either format (like llama-lookup-merge)",
                        description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("paths", nargs="+", metavar="FILE", help="input caches, then the output file")
-    add_format_flag(add_output_flags(p), "the output's extension")
+    add_format_flag(p, "the output's extension")
+    add_output_flags(p)
 
 
 def run(args) -> int:

@@ -10,6 +10,9 @@ from ._inputs import add_text_input, check_text_input, read_text_input
 DEFAULT_N_CTX = 4096
 DEFAULT_N_DRAFT = 3  # llama.cpp's --spec-draft-n-max default since 2026-05-19
 
+HELP = "replay a text and report how well lookup drafting would do (llama-lookup-stats)"
+DESCRIPTION = ("Measure n-gram lookup drafting on a text, offline: llama-lookup-stats' numbers and more.")
+
 EPILOG = """\
 Replays the text as llama-lookup-stats does: chunks of -c tokens (the final chunk is
 skipped unless a token follows it), each from an empty context cache, drafting up to
@@ -29,11 +32,7 @@ input too short for one chunk.
 
 
 def add_parser(sub) -> None:
-    p = command_parser(sub, "stats", run,
-                       help="replay a text and report how well lookup drafting would do (llama-lookup-stats)",
-                       description="Measure n-gram lookup drafting on a text, offline: llama-lookup-stats' "
-                                   "numbers and more.",
-                       epilog=EPILOG)
+    p = command_parser(sub, "stats", run, help=HELP, description=DESCRIPTION, epilog=EPILOG)
     add_text_input(p, "input (text and a tokenizer, or --tokens)")
     c = p.add_argument_group("caches")
     c.add_argument("-lcs", "--lookup-cache-static", metavar="FNAME",
@@ -46,9 +45,10 @@ def add_parser(sub) -> None:
                    help=f"chunk size in tokens, >= 2 (default: {DEFAULT_N_CTX})")
     r.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_N_DRAFT, metavar="N", dest="n_draft",
                    help=f"most tokens drafted per step, >= 0 (default: {DEFAULT_N_DRAFT}, as llama.cpp)")
-    o = add_output_flags(p, "every figure")
+    o = p.add_argument_group("output")
     o.add_argument("--plot", metavar="PNG",
                    help="also draw acceptance by draft position and by source to this PNG (needs matplotlib)")
+    add_output_flags(p, "every figure", group=o)
 
 
 def run(args) -> int:
