@@ -7,6 +7,13 @@ import numpy as np
 
 INT32_MAX = 2**31 - 1
 NGRAM_MAX = 4  # llama.cpp's LLAMA_NGRAM_MAX: the longest key
+# Up to this many ids, Python's min() of a list beats numpy's reduction, whose fixed cost
+# (about 2 us) would dominate the per-token validation of a drafting step.
+_SMALL = 16
+
+
+def _min(arr: np.ndarray):
+    return min(arr.tolist()) if arr.size <= _SMALL else arr.min()
 
 
 def as_tokens(tokens, name: str = "tokens") -> np.ndarray:
@@ -43,7 +50,7 @@ def as_tokens(tokens, name: str = "tokens") -> np.ndarray:
                 i = int(np.argmax(arr < 0))
                 raise ValueError(f"{name}: negative token id {arr[i]} at index {i}")
             arr = arr.astype(np.int32)
-    if arr.size and arr.min() < 0:
+    if arr.size and _min(arr) < 0:
         i = int(np.argmax(arr < 0))
         raise ValueError(f"{name}: negative token id {arr[i]} at index {i}")
     return np.ascontiguousarray(arr)
@@ -77,11 +84,12 @@ def check_int(name: str, value, lo: int | None = None, hi: int | None = None, *,
     """``value`` as an int, or ValueError naming ``name``: it must be an integer (not a
     bool, not a float) within ``lo..hi`` (either bound may be None). ``none_ok`` lets
     None through."""
-    if value is None and none_ok:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        kind = "an integer or None" if none_ok else "an integer"
-        raise ValueError(f"{name} must be {kind}, got {type(value).__name__}")
+    if type(value) is not int:  # plain ints (the usual case) skip the slower checks
+        if value is None and none_ok:
+            return None
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            kind = "an integer or None" if none_ok else "an integer"
+            raise ValueError(f"{name} must be {kind}, got {type(value).__name__}")
     if lo is not None and hi is not None and not lo <= value <= hi:
         raise ValueError(f"{name} must be {lo} to {hi}, got {value}")
     if lo is not None and value < lo:
@@ -93,6 +101,8 @@ def check_int(name: str, value, lo: int | None = None, hi: int | None = None, *,
 
 def check_ngram_sizes(ngram_min, ngram_max) -> tuple[int, int]:
     """The n-gram size range of an update or a draft: 1 <= ngram_min <= ngram_max <= 4."""
+    if type(ngram_min) is int and type(ngram_max) is int and 1 <= ngram_min <= ngram_max <= NGRAM_MAX:
+        return ngram_min, ngram_max
     ok = all(not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, np.integer)) for v in (ngram_min, ngram_max))
     if not ok or not (1 <= ngram_min <= ngram_max <= NGRAM_MAX):
         raise ValueError(f"need 1 <= ngram_min <= ngram_max <= {NGRAM_MAX}, got ngram_min={ngram_min}, "
