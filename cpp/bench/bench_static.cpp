@@ -1,4 +1,4 @@
-// Lookup micro-benchmark for bench/bench_static.py (issue 4): a static source's cost per
+// Lookup micro-benchmark for bench/bench_static.py: a static source's cost per
 // lookup without Python in the way, StaticTable (mapped NGST file) against NgramCache
 // (llama.cpp's lookup.bin loaded, what llama.cpp drafts from).
 //

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import _core
-from ._validate import as_tokens
-from .cache import NgramCache, _check_sizes
+from ._validate import NGRAM_MAX, as_tokens, check_int, check_ngram_sizes, tail
+from .cache import NgramCache
+from .static_table import StaticTable
 
 # The output buffer is allocated up front; a cycle in the caches can make a draft as long as
 # n_draft, so an absurd n_draft is a mistake to report, not memory to reserve.
@@ -25,23 +26,26 @@ def draft(tokens, n_draft: int, context: NgramCache, dynamic: NgramCache | None 
     step where nothing passes. Exactly ``common_ngram_cache_draft``, except that ties
     go to the candidate first seen latest and arithmetic is 64-bit.
     """
-    if not isinstance(n_draft, (int, np.integer)) or isinstance(n_draft, bool):
-        raise ValueError(f"n_draft must be an integer, got {type(n_draft).__name__}")
-    if n_draft < 0:
-        raise ValueError(f"n_draft must be >= 0, got {n_draft}")
-    if n_draft > MAX_DRAFT:
-        raise ValueError(f"n_draft must be <= {MAX_DRAFT}, got {n_draft}")
-    _check_sizes(ngram_min, ngram_max)
-    if not isinstance(context, _core.NgramCache):
+    n_draft = check_int("n_draft", n_draft, 0)
+    if n_draft > MAX_DRAFT:  # its own check, so the usual message says ">= 0" alone
+        check_int("n_draft", n_draft, hi=MAX_DRAFT)
+    ngram_min, ngram_max = check_ngram_sizes(ngram_min, ngram_max)
+    if not isinstance(context, NgramCache):
         raise TypeError(f"context must be an NgramCache, got {type(context).__name__}")
-    if dynamic is not None and not isinstance(dynamic, _core.NgramCache):
+    if dynamic is not None and not isinstance(dynamic, NgramCache):
         raise TypeError(f"dynamic must be an NgramCache or None, got {type(dynamic).__name__}")
     # Drafting reads only the newest 4 tokens (the longest key): validating and passing
     # just those keeps a draft step O(1) in the context length.
-    if hasattr(tokens, "__len__") and not isinstance(tokens, (str, bytes)) and len(tokens) > 4:
-        try:
-            tokens = tokens[-4:]
-        except TypeError:  # a sequence without slicing (deque): validate it whole
-            pass
-    arr = as_tokens(tokens)
-    return _core._draft(arr, int(n_draft), context, dynamic, static, ngram_min, ngram_max)
+    arr = as_tokens(tail(tokens, NGRAM_MAX))
+    return _core.draft(arr, n_draft, context._impl, None if dynamic is None else dynamic._impl,
+                       _static_impl(static), ngram_min, ngram_max)
+
+
+def _static_impl(static):
+    """The compiled object behind a static cache argument (None, an NgramCache or a
+    StaticTable), or TypeError naming what was given instead."""
+    if static is None:
+        return None
+    if isinstance(static, (NgramCache, StaticTable)):
+        return static._impl
+    raise TypeError(f"static must be an NgramCache, a StaticTable or None, got {type(static).__name__}")

@@ -14,23 +14,15 @@ import os
 import numpy as np
 
 from . import _core
-from ._validate import as_tokens
-from .cache import NgramCache
+from ._validate import NGRAM_MAX, as_tokens, check_int
+from .cache import NgramCache, _wrap
 
 CacheFormatError = _core.CacheFormatError
 
 HEADER_SIZE = 64
 
 
-def _ngram_size_arg(ngram_size) -> int:
-    if isinstance(ngram_size, bool) or not isinstance(ngram_size, (int, np.integer)):
-        raise ValueError(f"ngram_size must be an integer 1 to 4, got {ngram_size!r}")
-    if not 1 <= ngram_size <= 4:
-        raise ValueError(f"ngram_size must be 1 to 4, got {ngram_size}")
-    return int(ngram_size)
-
-
-class StaticTable(_core.StaticTable):
+class StaticTable:
     """n-gram -> {next token: count}, immutable, for llama.cpp's static cache role.
 
     Make one with :meth:`build` (from tokens), :meth:`from_llama` (import a llama.cpp
@@ -47,14 +39,14 @@ class StaticTable(_core.StaticTable):
     while it is open (``save`` and ``to_llama`` replace files atomically, which is safe).
     """
 
-    __slots__ = ()
+    __slots__ = ("_impl",)
 
-    def __init__(self, _pending) -> None:
+    def __init__(self, _table) -> None:
         """Not for direct use: call ``StaticTable.build``, ``open``, ``from_llama``,
         ``from_cache`` or ``from_bytes``."""
-        if not isinstance(_pending, _core._StaticPending):
+        if not isinstance(_table, _core.StaticTable):
             raise TypeError("make a StaticTable with StaticTable.build, .open, .from_llama, .from_cache or .from_bytes")
-        super().__init__(_pending)
+        self._impl = _table
 
     # ---- making tables ---------------------------------------------------------------
 
@@ -63,8 +55,8 @@ class StaticTable(_core.StaticTable):
         """Count every n-gram of ``tokens`` followed by its next token, as
         ``NgramCache().update(tokens, ngram_size, ngram_size)`` (what llama-lookup-create
         does with 2-grams), and return the table, in memory; ``save`` writes it."""
-        n = _ngram_size_arg(ngram_size)
-        return cls(_core._static_build(as_tokens(tokens), n))
+        n = check_int("ngram_size", ngram_size, 1, NGRAM_MAX)
+        return cls(_core.StaticTable.build(as_tokens(tokens), n))
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "StaticTable":
@@ -73,7 +65,7 @@ class StaticTable(_core.StaticTable):
 
         Raises CacheFormatError naming the problem for an empty, truncated or damaged
         file, FileNotFoundError if it does not exist."""
-        return cls(_core._static_open(os.fspath(path)))
+        return cls(_core.StaticTable.open(os.fspath(path)))
 
     @classmethod
     def from_llama(cls, path: str | os.PathLike, ngram_size: int | None = None) -> "StaticTable":
@@ -83,21 +75,22 @@ class StaticTable(_core.StaticTable):
         of a record is the best one (what llama.cpp picks). A static cache holds 2-grams
         only; for a file with several n-gram sizes (a context or dynamic cache) pass
         ``ngram_size`` to keep the keys of one size."""
-        n = 0 if ngram_size is None else _ngram_size_arg(ngram_size)
-        return cls(_core._static_from_llama(os.fspath(path), n))
+        n = check_int("ngram_size", ngram_size, 1, NGRAM_MAX, none_ok=True)
+        return cls(_core.StaticTable.from_lookup_file(os.fspath(path), 0 if n is None else n))
 
     @classmethod
     def from_cache(cls, cache: NgramCache, ngram_size: int = 2) -> "StaticTable":
         """The keys of size ``ngram_size`` of an ``NgramCache``, with its counts; a key's
         best token follows the cache's first-seen order, as drafting from the cache would."""
-        if not isinstance(cache, _core.NgramCache):
+        if not isinstance(cache, NgramCache):
             raise TypeError(f"cache must be an NgramCache, got {type(cache).__name__}")
-        return cls(_core._static_from_cache(cache, _ngram_size_arg(ngram_size)))
+        n = check_int("ngram_size", ngram_size, 1, NGRAM_MAX)
+        return cls(_core.StaticTable.from_cache(cache._impl, n))
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "<bytes>") -> "StaticTable":
         """A table from an NGST image held in memory (copied), checked like ``open``."""
-        return cls(_core._static_from_bytes(bytes(data), name))
+        return cls(_core.StaticTable.from_image(bytes(data), name))
 
     @staticmethod
     def read_header(path: str | os.PathLike) -> dict:
@@ -107,7 +100,7 @@ class StaticTable(_core.StaticTable):
         with open(p, "rb") as f:
             head = f.read(HEADER_SIZE)
             size = os.fstat(f.fileno()).st_size
-        return _core._static_header(head, size, p)
+        return _core.read_header(head, size, p)
 
     # ---- writing ---------------------------------------------------------------------
 
@@ -115,28 +108,26 @@ class StaticTable(_core.StaticTable):
         """Write the NGST file atomically (temporary file, fsync, rename): an interrupted
         save never leaves a damaged file behind, and a mapped table may be saved over the
         file it maps."""
-        self._save(os.fspath(path))
+        self._impl.save(os.fspath(path))
 
     def to_bytes(self) -> bytes:
         """The NGST image (what ``save`` writes)."""
-        return self._to_bytes()
+        return self._impl.to_bytes()
 
     def to_llama(self, path: str | os.PathLike) -> None:
         """Write llama.cpp's ``lookup.bin`` format (atomically), usable as ``-lcs``. Each
         record lists its best token last, so llama.cpp breaks ties the way this table
         does. Runs ``verify()`` first, so damage is never exported."""
-        self._to_llama(os.fspath(path))
+        self._impl.save_lookup(os.fspath(path))
 
     def to_llama_bytes(self) -> bytes:
         """The ``lookup.bin`` image of ``to_llama``."""
-        return self._to_llama_bytes()
+        return self._impl.to_lookup_bytes()
 
     def to_cache(self) -> NgramCache:
         """A new mutable ``NgramCache`` with the same counts (e.g. to merge tables); its
         first-seen order keeps every key's best token."""
-        cache = NgramCache()
-        self._into_cache(cache)
-        return cache
+        return _wrap(NgramCache, self._impl.to_cache())
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -144,30 +135,63 @@ class StaticTable(_core.StaticTable):
         """Check every byte: the checksums of all sections, then that the index, keys,
         entries, best tokens, sums and totals are consistent. O(size); raises
         CacheFormatError with the first problem found."""
-        self._verify()
+        self._impl.verify()
 
     def get(self, ngram) -> dict[int, int]:
         """The continuations of ``ngram`` (``ngram_size`` token ids) as {token: count},
         tokens ascending; an empty dict if the n-gram is not in the table."""
-        return self._get(self._ngram(ngram))
+        return self._impl.get(_key(ngram, self.ngram_size))
 
     def best(self, ngram) -> tuple[int, int, int] | None:
         """(best token, its count, sum of the key's counts) as stored for ``ngram``, or
         None if absent. Drafting uses the token when count >= 50 % of sum and sum >= 2."""
-        return self._best(self._ngram(ngram))
+        return self._impl.best(_key(ngram, self.ngram_size))
 
     def __contains__(self, ngram) -> bool:
-        return super().__contains__(self._ngram(ngram))
+        return self._impl.__contains__(_key(ngram, self.ngram_size))
+
+    def __len__(self) -> int:
+        return len(self._impl)
+
+    @property
+    def ngram_size(self) -> int:
+        """The size of every key (2 for llama.cpp's static cache)."""
+        return self._impl.ngram_size
+
+    @property
+    def n_keys(self) -> int:
+        """Distinct n-grams."""
+        return self._impl.n_keys
+
+    @property
+    def n_entries(self) -> int:
+        """(n-gram, next token) pairs: the records of llama.cpp's file."""
+        return self._impl.n_entries
+
+    @property
+    def total(self) -> int:
+        """The sum of all counts (observations)."""
+        return self._impl.total
+
+    @property
+    def nbytes(self) -> int:
+        """The size of the image (the NGST file), in bytes."""
+        return self._impl.nbytes
+
+    @property
+    def mapped(self) -> bool:
+        """Whether the table reads a memory-mapped file (``open``) rather than memory."""
+        return self._impl.mapped
 
     @property
     def path(self) -> str | None:
         """The file a mapped table reads, else None."""
-        return self._name if self.mapped else None
+        return self._impl.name if self.mapped else None
 
     def info(self) -> dict:
         """The header as a dict: format version, n-gram size, counts, section offsets and
         sizes, checksums, plus ``path`` and ``mapped``."""
-        d = self._header()
+        d = self._impl.header()
         d["path"] = self.path
         d["mapped"] = self.mapped
         return d
@@ -177,7 +201,7 @@ class StaticTable(_core.StaticTable):
         ``offsets`` [K + 1] into ``tokens``/``counts`` [entries] (tokens ascending per key),
         and per key ``best_token``, ``best_count``, ``sum``."""
         names = ("keys", "offsets", "tokens", "counts", "best_token", "best_count", "sum")
-        return dict(zip(names, self._arrays()))
+        return dict(zip(names, self._impl.arrays()))
 
     def items(self):
         """Iterate over (ngram tuple, {token: count}) in table order."""
@@ -187,13 +211,15 @@ class StaticTable(_core.StaticTable):
             lo, hi = offsets[i], offsets[i + 1]
             yield tuple(keys[i].tolist()), dict(zip(toks[lo:hi].tolist(), cnts[lo:hi].tolist()))
 
-    def _ngram(self, ngram) -> np.ndarray:
-        arr = as_tokens(ngram, "ngram")
-        if arr.size != self.ngram_size:
-            raise ValueError(f"ngram: this table holds {self.ngram_size}-grams, got {arr.size} token ids")
-        return arr
-
     def __repr__(self) -> str:
-        where = f" mapped from {self._name!r}" if self.mapped else ""
+        where = f" mapped from {self._impl.name!r}" if self.mapped else ""
         return (f"<StaticTable of {self.n_keys} {self.ngram_size}-grams, {self.n_entries} entries, "
                 f"total {self.total}{where}>")
+
+
+def _key(ngram, n: int) -> np.ndarray:
+    """``ngram`` as the int32 key of a table of ``n``-grams, or ValueError."""
+    arr = as_tokens(ngram, "ngram")
+    if arr.size != n:
+        raise ValueError(f"ngram: this table holds {n}-grams, got {arr.size} token ids")
+    return arr

@@ -17,54 +17,19 @@ from typing import Callable
 import numpy as np
 
 from . import _core
-from .files import atomic_open
-from ._validate import as_tokens
-from .cache import NgramCache
+from ._validate import as_tokens, check_int
+from .cache import CacheFormatError, NgramCache
+from .draft import _static_impl
+from .files import atomic_open, open_cache
 from .progress import peak_rss_bytes
+from .static_table import StaticTable
 
-__all__ = ["ReplayStats", "replay", "load_static", "load_dynamic", "SOURCES"]
+__all__ = ["ReplayStats", "replay", "SOURCES"]
 
 SOURCES = ("context", "dynamic", "static")
 
-
-def _is_static_table(obj) -> bool:
-    try:
-        from . import StaticTable  # lands with the static-table issue
-    except ImportError:
-        return False
-    return isinstance(obj, StaticTable)
-
-
-# The first bytes of an ngramcache static table (docs/format.md). A llama.cpp lookup.bin
-# has no header: it starts with a token id, whose top byte is never 'T' (0x54) for real
-# vocabularies (that would be an id of 1.4 billion or more).
-STATIC_TABLE_MAGIC = b"NGST"
-
-
-def load_static(path: str | os.PathLike):
-    """Open a static cache file: an ngramcache static table (recognised by its header
-    magic, memory-mapped) or a llama.cpp ``lookup.bin``. Returns (cache, kind, seconds)."""
-    path = os.fspath(path)
-    t0 = time.perf_counter()
-    with open(path, "rb") as f:
-        head = f.read(len(STATIC_TABLE_MAGIC))
-    if head == STATIC_TABLE_MAGIC:
-        try:
-            from . import StaticTable
-        except ImportError:
-            raise ValueError(f"{path}: a static table file, but this build of ngramcache cannot open "
-                             "static tables") from None
-        table = StaticTable.open(path)
-        return table, "static table", time.perf_counter() - t0
-    cache = NgramCache.load(path)
-    return cache, "lookup.bin", time.perf_counter() - t0
-
-
-def load_dynamic(path: str | os.PathLike):
-    """Load a dynamic cache (llama.cpp ``lookup.bin``). Returns (cache, seconds)."""
-    t0 = time.perf_counter()
-    cache = NgramCache.load(os.fspath(path))
-    return cache, time.perf_counter() - t0
+# replay()'s own bound on n_draft: the per-position figures are arrays of that length.
+MAX_REPLAY_DRAFT = 1 << 16
 
 
 def _f32(x) -> np.float32:
@@ -274,12 +239,44 @@ class ReplayStats:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
-def _check_int(name: str, v, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {type(v).__name__}")
-    if v < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {v}")
-    return int(v)
+def _open(path, role: str):
+    """The cache file at ``path`` and the seconds it took to open it (llama-lookup-stats
+    counts them as t_draft_flat); a dynamic cache comes back mutable, since the chunks
+    are merged into it. A failure keeps its type, and its message says which cache, in
+    llama.cpp's words, then why."""
+    path = os.fspath(path)
+    t0 = time.perf_counter()
+    try:
+        cache = open_cache(path)
+    except (OSError, CacheFormatError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        if reason.startswith(path + ": "):  # the core names the file first
+            reason = reason[len(path) + 2:]
+        err = type(e)(f"failed to open {role} lookup cache: {path}: {reason}")
+        if isinstance(e, OSError):
+            err.errno = e.errno  # without strerror, so that str(err) is the message alone
+        raise err from e
+    if role == "dynamic" and isinstance(cache, StaticTable):
+        cache = cache.to_cache()
+    return cache, time.perf_counter() - t0
+
+
+def _stats_from(r: _core.ReplayResult, **fields) -> ReplayStats:
+    """ReplayStats from what the core counted: every field of the same name, times from
+    nanoseconds to seconds, per-source and per-size lists as dicts; ``fields`` adds the
+    figures measured here."""
+    for f in dataclasses.fields(ReplayStats):
+        if f.name in fields:
+            continue
+        if hasattr(r, f.name):
+            fields[f.name] = getattr(r, f.name)
+        elif hasattr(r, f.name + "_ns"):
+            fields[f.name] = getattr(r, f.name + "_ns") * 1e-9
+    for name in ("drafted_by_source", "accepted_by_source"):
+        fields[name] = dict(zip(SOURCES, fields[name]))
+    for name in ("drafted_by_ngram", "accepted_by_ngram"):
+        fields[name] = {k + 1: v for k, v in enumerate(fields[name])}
+    return ReplayStats(**fields)
 
 
 def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_dynamic: bool = False,
@@ -296,11 +293,15 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
     llama.cpp lookup.bin; loading time is measured). ``dynamic``: None (start empty, as
     llama.cpp does without ``-lcd``), an NgramCache or a lookup.bin path. The dynamic
     cache given is left unchanged (a copy absorbs the chunks) unless ``update_dynamic``.
+    A path that cannot be opened raises what opening it raised (FileNotFoundError,
+    another OSError or CacheFormatError), its message starting "failed to open static
+    lookup cache: PATH" (or dynamic), as llama.cpp words it.
     ``progress(done, total)`` is called from the replay at most every 100,000 tokens and at
     the end; an exception it raises (or Ctrl-C) stops the replay and propagates.
     """
-    n_ctx = _check_int("n_ctx", n_ctx, 2)
-    n_draft = _check_int("n_draft", n_draft, 0)
+    n_ctx = check_int("n_ctx", n_ctx, 2)
+    n_draft = check_int("n_draft", n_draft, 0)
+    check_int("n_draft", n_draft, hi=MAX_REPLAY_DRAFT)
     arr = as_tokens(tokens)
     if arr.size <= n_ctx:
         raise ValueError(f"tokens: {arr.size} tokens is too short to replay with n_ctx = {n_ctx}: llama-lookup-stats "
@@ -308,57 +309,31 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
                          f"{n_ctx + 1} (use a longer text or a smaller n_ctx)")
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
-
-    static_kind, static_load_s = "none", None
-    if isinstance(static, (str, os.PathLike)):
-        static, static_kind, static_load_s = load_static(static)
-    elif isinstance(static, _core.NgramCache):
-        static_kind = "NgramCache"
-    elif _is_static_table(static):
-        static_kind = "static table"
-    elif static is not None:
+    if isinstance(dynamic, (str, os.PathLike)) and update_dynamic:
+        raise ValueError("update_dynamic=True needs an NgramCache object (a cache loaded from a path "
+                         "would be updated and thrown away)")
+    if not isinstance(static, (str, os.PathLike, NgramCache, StaticTable)) and static is not None:
         raise TypeError(f"static must be None, a path, an NgramCache or a StaticTable, got {type(static).__name__}")
-
-    dynamic_load_s = None
-    if isinstance(dynamic, (str, os.PathLike)):
-        if update_dynamic:
-            raise ValueError("update_dynamic=True needs an NgramCache object (a cache loaded from a path "
-                             "would be updated and thrown away)")
-        dynamic, dynamic_load_s = load_dynamic(dynamic)
-    elif dynamic is not None and not isinstance(dynamic, _core.NgramCache):
+    if not isinstance(dynamic, (str, os.PathLike, NgramCache)) and dynamic is not None:
         raise TypeError(f"dynamic must be None, a path or an NgramCache, got {type(dynamic).__name__}")
     if update_dynamic and dynamic is None:
         raise ValueError("update_dynamic=True needs a dynamic cache")
 
-    r = _core._replay(arr, n_ctx, n_draft, static, dynamic, bool(update_dynamic), progress)
+    static_load_s = dynamic_load_s = None
+    if isinstance(static, (str, os.PathLike)):
+        static, static_load_s = _open(static, "static")
+    if isinstance(dynamic, (str, os.PathLike)):
+        dynamic, dynamic_load_s = _open(dynamic, "dynamic")
+    if isinstance(static, StaticTable):
+        static_kind = "static table"
+    elif isinstance(static, NgramCache):
+        static_kind = "NgramCache" if static_load_s is None else "lookup.bin"
+    else:
+        static_kind = "none"
+
+    r = _core.replay(arr, n_ctx, n_draft, _static_impl(static), None if dynamic is None else dynamic._impl,
+                     bool(update_dynamic), progress)
     n_input = int(arr.size)
-    return ReplayStats(
-        n_draft=n_draft,
-        n_ctx=n_ctx,
-        n_input=n_input,
-        n_predict=n_input - n_input % n_ctx,
-        n_drafted=r["n_drafted"],
-        n_accept=r["n_accept"],
-        t_draft_flat=(static_load_s or 0.0) + (dynamic_load_s or 0.0),
-        t_draft=r["t_draft_ns"] * 1e-9,
-        n_chunks=r["n_chunks"],
-        n_steps=r["n_steps"],
-        t_replay=r["t_replay_ns"] * 1e-9,
-        drafted_by_source=dict(zip(SOURCES, r["drafted_by_source"])),
-        accepted_by_source=dict(zip(SOURCES, r["accepted_by_source"])),
-        drafted_by_ngram={k + 1: v for k, v in enumerate(r["drafted_by_ngram"])},
-        accepted_by_ngram={k + 1: v for k, v in enumerate(r["accepted_by_ngram"])},
-        draft_length_hist=r["draft_length_hist"],
-        accept_length_hist=r["accept_length_hist"],
-        drafted_by_position=r["drafted_by_position"],
-        accepted_by_position=r["accepted_by_position"],
-        overlap_positions=r["overlap_positions"],
-        overlap_text=r["overlap_text"],
-        overlap_static=r["overlap_static"],
-        overlap_dynamic=r["overlap_dynamic"],
-        overlap_any=r["overlap_any"],
-        static_kind=static_kind,
-        static_load_s=static_load_s,
-        dynamic_load_s=dynamic_load_s,
-        peak_rss_bytes=peak_rss_bytes(),
-    )
+    return _stats_from(r, n_draft=n_draft, n_ctx=n_ctx, n_input=n_input, n_predict=n_input - n_input % n_ctx,
+                       t_draft_flat=(static_load_s or 0.0) + (dynamic_load_s or 0.0), static_kind=static_kind,
+                       static_load_s=static_load_s, dynamic_load_s=dynamic_load_s, peak_rss_bytes=peak_rss_bytes())

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <new>
@@ -270,6 +271,29 @@ public:
             if (p.size() > 1) b += sizeof(Entry) * p.size();
         }
         return b;
+    }
+
+    // (key, next token) pairs held.
+    size_t n_entries() const {
+        size_t m = 0;
+        for (size_t i = 0; i < keys_.size(); ++i) m += part_ref(i).size();
+        return m;
+    }
+
+    // Every record in insertion order, continuations in first-seen order, into arrays the
+    // caller sized from size() and n_entries(): keys N x 4, offsets N + 1, tokens, counts.
+    void export_arrays(int32_t* keys, int64_t* offsets, int32_t* toks, int32_t* cnts) const {
+        size_t j = 0;
+        offsets[0] = 0;
+        for (size_t i = 0; i < keys_.size(); ++i) {
+            std::memcpy(keys + 4 * i, keys_[i].t, sizeof keys_[i].t);
+            for (const Entry& e : part_ref(i)) {
+                toks[j] = e.token;
+                cnts[j] = e.count;
+                ++j;
+            }
+            offsets[i + 1] = static_cast<int64_t>(j);
+        }
     }
 
     static void check_sizes(int ngram_min, int ngram_max) {

@@ -1,91 +1,22 @@
-// llama.cpp's lookup.bin format (spec §1.4-1.5) and atomic file writes.
+// llama.cpp's lookup.bin format (spec §1.4-1.5): parsing, loading into an NgramCache,
+// serialising one and saving it.
 //
 // Records follow each other with no header: key (4 x int32, -1 padded), int32 ntokens,
 // then ntokens pairs of (int32 token, int32 count), all little-endian.
 #pragma once
 
-#include <cerrno>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <string>
-#include <system_error>
 #include <vector>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include "cache.hpp"
+#include "file_io.hpp"
 #include "ngram.hpp"
 
 namespace ngramcache {
 
 static_assert(sizeof(int32_t) == 4, "lookup.bin stores 32-bit integers");
-
-inline bool host_is_little_endian() {
-    const uint16_t one = 1;
-    uint8_t b;
-    std::memcpy(&b, &one, 1);
-    return b == 1;
-}
-
-struct FileNotFound : std::runtime_error {   // -> FileNotFoundError
-    using std::runtime_error::runtime_error;
-};
-
-inline std::vector<char> read_file(const std::string& path) {
-    struct stat st;
-    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-        throw std::system_error(EISDIR, std::generic_category(), path + " is a directory, not a cache file");
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (f == nullptr) {
-        if (errno == ENOENT) throw FileNotFound(path + ": no such file");
-        throw std::system_error(errno, std::generic_category(), path);
-    }
-    std::vector<char> buf;
-    char chunk[1 << 16];
-    size_t n;
-    while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) buf.insert(buf.end(), chunk, chunk + n);
-    const bool failed = std::ferror(f) != 0;
-    std::fclose(f);
-    if (failed) throw std::system_error(EIO, std::generic_category(), path + ": read failed");
-    return buf;
-}
-
-// Writes `data` to `path` so that an interrupted write never destroys the previous file:
-// a temporary file in the same folder, fsync, then rename over the target.
-inline void write_file_atomic(const std::string& path, const void* data, size_t size) {
-    std::string tmpl = path + ".tmp.XXXXXX";
-    std::vector<char> name(tmpl.begin(), tmpl.end());
-    name.push_back('\0');
-    const int fd = ::mkstemp(name.data());
-    if (fd < 0) {
-        if (errno == ENOENT) throw FileNotFound(path + ": folder does not exist");
-        throw std::system_error(errno, std::generic_category(), "cannot create a file beside " + path);
-    }
-    const char* p = static_cast<const char*>(data);
-    size_t left = size;
-    int err = 0;
-    while (left > 0) {
-        const ssize_t w = ::write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            err = errno;
-            break;
-        }
-        p += w;
-        left -= static_cast<size_t>(w);
-    }
-    if (err == 0 && ::fchmod(fd, 0644) != 0) err = errno;
-    if (err == 0 && ::fsync(fd) != 0) err = errno;
-    if (::close(fd) != 0 && err == 0) err = errno;
-    if (err == 0 && std::rename(name.data(), path.c_str()) != 0) err = errno;
-    if (err != 0) {
-        std::remove(name.data());
-        throw std::system_error(err, std::generic_category(), "writing " + path);
-    }
-}
 
 inline int32_t load_i32(const char* p) {
     uint8_t b[4];

@@ -1,6 +1,7 @@
 // N-gram keys: 4 x int32, unused slots -1 (llama.cpp's common_ngram layout).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -14,6 +15,14 @@ constexpr int kNgramMax = 4;          // LLAMA_NGRAM_MAX: slots in a key
 constexpr int kNgramStatic = 2;       // LLAMA_NGRAM_STATIC
 constexpr token_t kTokenNull = -1;    // LLAMA_TOKEN_NULL
 
+// Errors the bindings translate into specific Python exceptions.
+struct FormatError : std::runtime_error {   // -> ngramcache.CacheFormatError
+    using std::runtime_error::runtime_error;
+};
+struct InputError : std::invalid_argument {  // -> ValueError
+    using std::invalid_argument::invalid_argument;
+};
+
 struct Ngram {
     token_t t[kNgramMax] = {kTokenNull, kTokenNull, kTokenNull, kTokenNull};
 
@@ -21,6 +30,12 @@ struct Ngram {
     // The n tokens at p[0..n-1], padded with -1.
     Ngram(const token_t* p, int n) {
         for (int i = 0; i < n; ++i) t[i] = p[i];
+    }
+    // The same from a caller's array, whose length is not trusted.
+    static Ngram checked(const token_t* p, size_t n) {
+        if (n < 1 || n > size_t(kNgramMax))
+            throw InputError("an n-gram is 1 to 4 token ids, got " + std::to_string(n));
+        return Ngram(p, static_cast<int>(n));
     }
     static Ngram of2(token_t a, token_t b) {
         Ngram k;
@@ -70,12 +85,11 @@ inline uint64_t hash_ngram(const Ngram& k) {
     return fmix64(h);
 }
 
-// Errors the bindings translate into specific Python exceptions.
-struct FormatError : std::runtime_error {   // -> ngramcache.CacheFormatError
-    using std::runtime_error::runtime_error;
-};
-struct InputError : std::invalid_argument {  // -> ValueError
-    using std::invalid_argument::invalid_argument;
-};
+inline bool host_is_little_endian() {
+    const uint16_t one = 1;
+    uint8_t b;
+    std::memcpy(&b, &one, 1);
+    return b == 1;
+}
 
 }  // namespace ngramcache
