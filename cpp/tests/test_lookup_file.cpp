@@ -22,7 +22,8 @@ using Bytes = std::vector<char>;
 
 static void put_i32(Bytes& b, int32_t v) { store_i32(b, v); }
 
-// One record: key tokens (padded to 4 with -1 unless `raw_key` gives all 4), ntokens, pairs.
+// One record: the key (padded to 4 slots with -1; pass 4 values to set every slot), ntokens
+// (the pair count unless given), the pairs.
 static Bytes record(std::vector<int32_t> key, std::vector<std::pair<int32_t, int32_t>> pairs, int32_t ntokens = -99) {
     Bytes b;
     while (key.size() < 4) key.push_back(-1);
