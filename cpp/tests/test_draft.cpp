@@ -1,6 +1,7 @@
 // draft() against spec §1.3: hand-made cases for each threshold and rule, and a slow
 // reference written from the spec's pseudo-code, compared on random small-vocabulary
 // streams (where ties and threshold edges are frequent).
+#include <climits>
 #include <random>
 #include <string>
 #include <utility>
@@ -64,13 +65,14 @@ static token_t ref_try_primary(const RefCache& cache, const Tokens& S, int nmin,
         const RefPart* part = cache.find(Key(S.end() - n, S.end()));
         if (part == nullptr) continue;
         const int i = n - nmin;
+        __extension__ typedef __int128 wide;  // exact products, whatever the counts
         int64_t best_tok = -1, best_cnt = 0, best_stat = 0, sum = 0;
         for (auto it = part->rbegin(); it != part->rend(); ++it) {
             int64_t stat = 1;
             if (ps != nullptr)
                 for (const auto& e : *ps)
                     if (e.first == it->first) stat = 100 * e.second;
-            if (it->second * stat > best_cnt * best_stat) {
+            if (wide(it->second) * stat > wide(best_cnt) * best_stat) {
                 best_tok = it->first;
                 best_cnt = it->second;
                 best_stat = stat;
@@ -335,6 +337,20 @@ TEST(score_ties_go_to_the_token_first_seen_latest) {
         put(ctx, suffix(2), {{21, 1}, {20, 100}});  // 20 wins the tie and passes
         CHECK_EQ(run(kInp, 1, 1, 4, ctx, nullptr, CacheAsStatic{&st}).tokens, Tokens{20});
     }
+}
+
+TEST(huge_counts_times_huge_static_counts_do_not_wrap) {
+    // 21 scores (2^31 - 2) * 100 * (2^31 - 1), about 4.6e20: beyond 64 bits, where it would
+    // wrap to a negative number and lose to 20's 1000. The static part alone fails (the
+    // best of 2^32 - 1 is under 50 %), so only the exact product drafts 21.
+    NgramCache ctx, st;
+    put(ctx, suffix(2), {{20, 1000}, {21, INT32_MAX - 1}});
+    put(st, suffix(2), {{21, INT32_MAX}, {22, 1 << 30}, {23, 1 << 30}});
+    const Drafted want{{21}, {int(DraftSource::context)}, {2}};
+    CHECK_EQ(run(kInp, 1, 1, 4, ctx, nullptr, CacheAsStatic{&st}), want);
+    CHECK_EQ(run(kInp, 1, 1, 4, ctx, nullptr, StaticTable::from_cache(st, 2)), want);
+    NgramCache no_ctx;
+    CHECK_EQ(run(kInp, 1, 1, 4, no_ctx, nullptr, CacheAsStatic{&st}).tokens.size(), size_t(0));
 }
 
 TEST(tie_rule_is_first_seen_not_last_seen) {
