@@ -1,4 +1,4 @@
-"""Core benchmark (issue 2): update throughput and drafting cost on >= 1 M real tokens.
+"""Core benchmark: update throughput and drafting cost on >= 1 M real tokens.
 
 Run (not part of the default test run, which collects tests/ only):
 

@@ -1,4 +1,4 @@
-"""Static table benchmark (issue 4): StaticTable against NgramCache + llama.cpp's lookup.bin.
+"""Static table benchmark: StaticTable against NgramCache + llama.cpp's lookup.bin.
 
 Run from the repository root, after ``scripts/dev-build`` (a few minutes; the first run
 also tokenizes the corpus, about half a minute, cached in the temp folder afterwards):
