@@ -9,7 +9,8 @@ from importlib.metadata import PackageNotFoundError, version
 from ._core import CacheFormatError
 from .cache import NgramCache
 from .draft import draft
-from .drafters import AdaptiveGate, CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter
+from .drafters import CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter
+from .gate import AdaptiveGate
 from .static_table import StaticTable
 from .stats import ReplayStats, replay
 

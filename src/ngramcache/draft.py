@@ -24,7 +24,7 @@ def draft(tokens, n_draft: int, context: NgramCache, dynamic: NgramCache | None 
     thresholds, then the dynamic cache with strict ones, then the static cache; longer
     n-grams first; the static cache re-ranks candidates; drafting stops at the first
     step where nothing passes. Exactly ``common_ngram_cache_draft``, except that ties
-    go to the candidate first seen latest and arithmetic is 64-bit.
+    go to the candidate first seen latest and scores are computed exactly (no overflow).
     """
     n_draft = check_int("n_draft", n_draft, 0)
     if n_draft > MAX_DRAFT:  # its own check, so the usual message says ">= 0" alone

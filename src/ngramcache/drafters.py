@@ -42,6 +42,7 @@ class DraftStats:
 
     @property
     def acceptance(self) -> float:
+        """Accepted / drafted (0 when nothing was drafted)."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
@@ -133,6 +134,7 @@ class LookupDrafter:
 
     @property
     def stats(self) -> DraftStats:
+        """Counters since the last ``reset``."""
         return self._stats
 
     @property
@@ -143,6 +145,7 @@ class LookupDrafter:
         return v
 
     def reset(self, prompt_tokens) -> None:
+        """Start a new sequence: the context cache is rebuilt from ``prompt_tokens``."""
         t0 = time.perf_counter()
         arr = as_tokens(prompt_tokens, "prompt_tokens")
         self.context.clear()
@@ -158,6 +161,8 @@ class LookupDrafter:
         self._first: int | None = None
 
     def propose(self, n_max: int | None = None) -> np.ndarray:
+        """Up to ``min(n_max, n_draft)`` tokens to follow the sequence (``n_max`` None:
+        ``n_draft``); with a gate, only as many as are expected to pay."""
         t0 = time.perf_counter()
         n_max = check_int("n_max", n_max, 0, none_ok=True)
         n = self.n_draft if n_max is None else min(n_max, self.n_draft)
@@ -190,6 +195,8 @@ class LookupDrafter:
         return cand, int(cand.size), 0
 
     def accept(self, tokens) -> None:
+        """Append the tokens the verifier settled on since the last call (the accepted
+        drafts and its own next token); the context cache learns their n-grams."""
         t0 = time.perf_counter()
         new = as_tokens(tokens)
         if new.size:
@@ -346,15 +353,19 @@ class OracleDrafter:
 
     @property
     def stats(self) -> DraftStats:
+        """Counters since the last ``reset``."""
         return self._stats
 
     def reset(self, prompt_tokens) -> None:
+        """Start a new sequence; the continuation follows ``prompt_tokens``."""
         self._n_prompt = int(as_tokens(prompt_tokens, "prompt_tokens").size)
         self._n = 0
         self._stats = DraftStats()
         self._last = _EMPTY
 
     def propose(self, n_max: int | None = None) -> np.ndarray:
+        """The next ``min(n_max, n_draft)`` tokens of the continuation, or none once
+        the text has departed from it."""
         n_max = check_int("n_max", n_max, 0, none_ok=True)
         n = self.n_draft if n_max is None else min(n_max, self.n_draft)
         out = self.continuation[self._n : self._n + n]
@@ -365,6 +376,7 @@ class OracleDrafter:
         return out
 
     def accept(self, tokens) -> None:
+        """Follow the verified tokens along the continuation."""
         new = as_tokens(tokens)
         m = min(self._last.size, new.size)
         if m:

@@ -72,9 +72,14 @@ def _check_backend(backend) -> None:
 
 @dataclass
 class GenerationResult:
-    """One request. Clocks in seconds: ``t_prompt`` (prompt decode), ``t_draft``
-    (proposing and cache updates), ``t_verify`` (batched decodes and token choice after
-    the prompt), ``t_total`` (everything, tokenization excluded)."""
+    """One request: the generated ``text`` and ``tokens`` (int32), the prompt's length
+    ``n_prompt``, the tokens ``drafted`` and of those ``accepted``, the drafted tokens
+    accepted at each verify step (``accept_lengths``) and why it stopped
+    (``stop_reason``: "length", "eos" or "context").
+
+    Clocks in seconds: ``t_prompt`` (prompt decode), ``t_draft`` (proposing and cache
+    updates), ``t_verify`` (batched decodes and token choice after the prompt),
+    ``t_total`` (everything, tokenization excluded)."""
 
     text: str
     tokens: np.ndarray               # generated tokens (int32)
@@ -97,23 +102,28 @@ class GenerationResult:
 
     @property
     def n_tokens(self) -> int:
+        """Tokens generated."""
         return int(self.tokens.size)
 
     @property
     def steps(self) -> int:
+        """Decodes after the prompt's (one per verify step)."""
         return len(self.accept_lengths)
 
     @property
     def acceptance(self) -> float:
+        """Accepted / drafted (0 when nothing was drafted)."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
     def gen_tokens_per_s(self) -> float:
+        """Tokens per second after the prompt."""
         t = self.t_total - self.t_prompt
         return self.n_tokens / t if t > 0 else float("inf")
 
     @property
     def e2e_tokens_per_s(self) -> float:
+        """Tokens per second, the prompt included."""
         return self.n_tokens / self.t_total if self.t_total > 0 else float("inf")
 
 
@@ -140,6 +150,7 @@ class Sampler:
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, row: np.ndarray) -> int:
+        """The token chosen from one row of logits."""
         if self.greedy:
             return int(np.argmax(row))
         u = self.rng.random()

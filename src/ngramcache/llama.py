@@ -47,9 +47,9 @@ from .gate import AdaptiveGate, check_costs
 from .generation import Backend, GenerationResult
 
 __all__ = [
-    "LlamaDrafter", "GenerationResult", "generate", "stream", "make_llama", "check_llama",
-    "verify_costs", "calibrate", "adaptive_drafter", "load_costs", "store_costs",
-    "Backend", "LlamaBackend", "CountingDraftModel", "generate_llama_cpp", "cost_store_path", "default_threads",
+    "LlamaDrafter", "generate", "stream", "make_llama", "check_llama", "default_threads",
+    "verify_costs", "calibrate", "adaptive_drafter", "load_costs", "store_costs", "cost_store_path",
+    "LlamaBackend", "CountingDraftModel", "generate_llama_cpp",
 ]
 
 #: at most this many threads by default: more rarely help a small model
@@ -158,6 +158,7 @@ class LlamaDrafter(LlamaDraftModel):
 
     @property
     def stats(self) -> DraftStats:
+        """The wrapped drafter's counters."""
         return self.drafter.stats
 
     def _remember(self, ids: np.ndarray, start: int) -> None:
@@ -169,6 +170,7 @@ class LlamaDrafter(LlamaDraftModel):
         self._n = int(ids.size)
 
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
+        """The draft to follow ``input_ids`` (llama-cpp-python's call)."""
         ids = as_tokens(input_ids, "input_ids")
         n = self._n
         if n and ids.size >= n and np.array_equal(ids[:n], self._seq[:n]):
@@ -340,6 +342,7 @@ class CountingDraftModel(LlamaDraftModel):
         self.seconds = 0.0
 
     def __call__(self, input_ids, /, **kwargs):
+        """The inner model's draft, recorded."""
         t = time.perf_counter()
         out = self.inner(input_ids, **kwargs)
         self.seconds += time.perf_counter() - t

@@ -177,8 +177,6 @@ def split_pieces(text: bytes, piece_bytes: int = DEFAULT_PIECE_BYTES) -> list[by
     return pieces
 
 
-
-
 def read_text_file(path: str | os.PathLike, escape: bool = True, check: bool = True) -> bytes:
     """A text file's bytes after llama.cpp's ``-f`` rules (:func:`prepare_text`)."""
     path = os.fspath(path)

@@ -43,7 +43,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ._validate import check_int
+from ._validate import as_tokens, check_int
 from .files import expand_inputs
 from .models import model_path, usable_cpus
 from .text import DEFAULT_PIECE_BYTES, prepare_text, split_pieces
@@ -245,10 +245,7 @@ class HFTokenizer(_Base):
 
     @staticmethod
     def _ids(ids) -> np.ndarray:
-        arr = np.asarray(ids, dtype=np.int64)
-        if arr.size and arr.max() > np.iinfo(np.int32).max:
-            raise ValueError(f"token id {int(arr.max())} does not fit in int32")
-        return arr.astype(np.int32)
+        return as_tokens(ids, "tokenizer output")
 
     def tokenize(self, text: bytes, add_special: bool = True) -> np.ndarray:
         return self._ids(self._tok.encode(self._text(text), add_special_tokens=add_special).ids)

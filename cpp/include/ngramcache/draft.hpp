@@ -1,7 +1,7 @@
 // llama.cpp's common_ngram_cache_draft (spec §1.3), without its copies.
 //
 // Deliberate differences from the reference (design.md §3):
-// - 64-bit products, so huge static counts cannot overflow;
+// - products in 128 bits, so huge counts times huge static counts cannot overflow;
 // - an n-gram longer than the sequence is "not found" (the reference reads out of bounds);
 // - ties go to the candidate first seen latest. Parts are scanned newest-first with a
 //   strict '>', which is what libstdc++'s iteration order gives llama.cpp for the usual
@@ -91,11 +91,14 @@ inline bool try_primary(const NgramCache& cache, const token_t* window, int wind
             return true;
         }
         token_t best_tok = kTokenNull;
-        int64_t best_cnt = 0, best_score = 0;
+        // A count (< 2^31) times 100 times a static count (< 2^32) needs 71 bits.
+        __extension__ typedef unsigned __int128 score_t;
+        int64_t best_cnt = 0;
+        score_t best_score = 0;
         for (uint32_t j = part->size(); j-- > 0;) {
             const Entry& e = (*part)[j];
             const int64_t sc = st.count(part_static, e.token);
-            const int64_t score = int64_t(e.count) * (sc > 0 ? 100 * sc : 1);
+            const score_t score = score_t(uint64_t(e.count)) * uint64_t(sc > 0 ? 100 * sc : 1);
             if (score > best_score) {
                 best_tok = e.token;
                 best_cnt = e.count;

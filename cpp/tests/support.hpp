@@ -1,0 +1,133 @@
+// Helpers shared by the test files: random token streams, a slow reference cache written
+// straight from llama.cpp's pseudo-code, comparisons, and a scratch folder.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "check.hpp"
+#include "ngramcache/cache.hpp"
+#include "ngramcache/ngram.hpp"
+
+namespace test {
+
+using ngramcache::token_t;
+using Tokens = std::vector<token_t>;
+using Key = std::vector<token_t>;  // the n-gram's tokens, no padding
+using RefPart = std::vector<std::pair<token_t, int64_t>>;  // first-seen order
+
+inline Tokens random_stream(std::mt19937& rng, size_t n, token_t vocab) {
+    std::uniform_int_distribution<token_t> d(0, vocab - 1);
+    Tokens t(n);
+    for (auto& x : t) x = d(rng);
+    return t;
+}
+
+inline ngramcache::Ngram key_of(const Key& k) { return ngramcache::Ngram(k.data(), static_cast<int>(k.size())); }
+
+// llama.cpp's cache semantics with ordered containers: keys in first-insertion order,
+// parts in first-seen order.
+struct RefCache {
+    std::map<Key, size_t> index;
+    std::vector<Key> keys;
+    std::vector<RefPart> parts;
+
+    RefPart& part(const Key& k) {
+        auto it = index.find(k);
+        if (it != index.end()) return parts[it->second];
+        index.emplace(k, keys.size());
+        keys.push_back(k);
+        parts.emplace_back();
+        return parts.back();
+    }
+    const RefPart* find(const Key& k) const {
+        auto it = index.find(k);
+        return it == index.end() ? nullptr : &parts[it->second];
+    }
+    void add(const Key& k, token_t tok, int64_t cnt) {
+        RefPart& p = part(k);
+        for (auto& e : p)
+            if (e.first == tok) {
+                e.second += cnt;
+                return;
+            }
+        p.emplace_back(tok, cnt);
+    }
+    // spec §1.2, literally.
+    void update(const Tokens& inp, size_t len, int nmin, int nmax, size_t nnew) {
+        for (int n = nmin; n <= nmax; ++n) {
+            size_t i_start = len >= nnew ? len - nnew : 0;
+            if (i_start < size_t(n)) i_start = n;
+            for (size_t i = i_start; i < len; ++i) add(Key(inp.begin() + (i - n), inp.begin() + i), inp[i], 1);
+        }
+    }
+    void merge(const RefCache& o) {
+        for (size_t i = 0; i < o.keys.size(); ++i)
+            for (const auto& e : o.parts[i]) add(o.keys[i], e.first, e.second);
+    }
+};
+
+inline std::string show_key(const ngramcache::Ngram& k) {
+    std::string s = "(";
+    for (int i = 0; i < ngramcache::kNgramMax; ++i) s += (i ? " " : "") + std::to_string(k.t[i]);
+    return s + ")";
+}
+
+// Same keys in the same order, same parts in the same order, running sum and max right.
+inline void check_same(const ngramcache::NgramCache& c, const RefCache& r) {
+    CHECK_EQ(c.size(), r.keys.size());
+    for (size_t i = 0; i < r.keys.size(); ++i) {
+        const ngramcache::Ngram k = key_of(r.keys[i]);
+        CHECK(c.key_at(i) == k);
+        const ngramcache::Part& p = c.part_at(i);
+        CHECK(c.find(k) == &p);
+        CHECK_EQ(p.size(), r.parts[i].size());
+        int64_t sum = 0, mx = 0;
+        for (size_t j = 0; j < r.parts[i].size(); ++j) {
+            CHECK_EQ(p[uint32_t(j)].token, r.parts[i][j].first);
+            CHECK_EQ(int64_t(p[uint32_t(j)].count), r.parts[i][j].second);
+            CHECK_EQ(int64_t(p.count_of(r.parts[i][j].first)), r.parts[i][j].second);
+            sum += r.parts[i][j].second;
+            mx = std::max(mx, r.parts[i][j].second);
+        }
+        CHECK_EQ(p.sum(), sum);
+        CHECK_EQ(int64_t(p.max_count()), mx);
+    }
+}
+
+// A fresh folder under the system's temporary folder, removed with everything in it.
+class TempDir {
+public:
+    TempDir() {
+        std::string tmpl = (std::filesystem::temp_directory_path() / "ngramcache-test-XXXXXX").string();
+        if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+        path_ = tmpl;
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    ~TempDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path_, ec);
+    }
+    const std::filesystem::path& path() const { return path_; }
+    std::string file(const std::string& name) const { return (path_ / name).string(); }
+    std::vector<std::string> listing() const {
+        std::vector<std::string> names;
+        for (const auto& e : std::filesystem::directory_iterator(path_)) names.push_back(e.path().filename().string());
+        std::sort(names.begin(), names.end());
+        return names;
+    }
+
+private:
+    std::filesystem::path path_;
+};
+
+}  // namespace test
