@@ -95,12 +95,14 @@ py::array_t<int32_t> draft_py(const Tokens& tokens, size_t n_draft, const Shared
                               const SharedCache* dynamic, const py::object& static_obj, int ngram_min,
                               int ngram_max) {
     const StaticSource st = static_source(static_obj);
-    std::vector<token_t> out(n_draft);
+    token_t small[64];  // a drafting step's usual size needs no allocation
+    std::vector<token_t> big(n_draft > 64 ? n_draft : 0);
+    token_t* out = n_draft > 64 ? big.data() : small;
     const size_t n = nogil([&] {
-        return draft_shared(tokens.data(), len(tokens), n_draft, ngram_min, ngram_max, context, dynamic, st, out.data());
+        return draft_shared(tokens.data(), len(tokens), n_draft, ngram_min, ngram_max, context, dynamic, st, out);
     });
     py::array_t<int32_t> result(static_cast<py::ssize_t>(n));
-    if (n) std::memcpy(result.mutable_data(), out.data(), n * sizeof(int32_t));
+    if (n) std::memcpy(result.mutable_data(), out, n * sizeof(int32_t));
     return result;
 }
 

@@ -34,18 +34,12 @@ def draft(tokens, n_draft: int, context: NgramCache, dynamic: NgramCache | None 
         raise TypeError(f"context must be an NgramCache, got {type(context).__name__}")
     if dynamic is not None and not isinstance(dynamic, NgramCache):
         raise TypeError(f"dynamic must be an NgramCache or None, got {type(dynamic).__name__}")
+    if static is not None:
+        if not isinstance(static, (StaticTable, NgramCache)):
+            raise TypeError(f"static must be an NgramCache, a StaticTable or None, got {type(static).__name__}")
+        static = static._impl
     # Drafting reads only the newest 4 tokens (the longest key): validating and passing
     # just those keeps a draft step O(1) in the context length.
     arr = as_tokens(tail(tokens, NGRAM_MAX))
-    return _core.draft(arr, n_draft, context._impl, None if dynamic is None else dynamic._impl,
-                       _static_impl(static), ngram_min, ngram_max)
-
-
-def _static_impl(static):
-    """The compiled object behind a static cache argument (None, an NgramCache or a
-    StaticTable), or TypeError naming what was given instead."""
-    if static is None:
-        return None
-    if isinstance(static, (NgramCache, StaticTable)):
-        return static._impl
-    raise TypeError(f"static must be an NgramCache, a StaticTable or None, got {type(static).__name__}")
+    return _core.draft(arr, n_draft, context._impl, None if dynamic is None else dynamic._impl, static,
+                       ngram_min, ngram_max)

@@ -19,7 +19,6 @@ import numpy as np
 from . import _core
 from ._validate import as_tokens, check_int
 from .cache import CacheFormatError, NgramCache
-from .draft import _static_impl
 from .files import atomic_open, open_cache
 from .progress import peak_rss_bytes
 from .static_table import StaticTable
@@ -331,8 +330,8 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
     else:
         static_kind = "none"
 
-    r = _core.replay(arr, n_ctx, n_draft, _static_impl(static), None if dynamic is None else dynamic._impl,
-                     bool(update_dynamic), progress)
+    r = _core.replay(arr, n_ctx, n_draft, None if static is None else static._impl,
+                     None if dynamic is None else dynamic._impl, bool(update_dynamic), progress)
     n_input = int(arr.size)
     return _stats_from(r, n_draft=n_draft, n_ctx=n_ctx, n_input=n_input, n_predict=n_input - n_input % n_ctx,
                        t_draft_flat=(static_load_s or 0.0) + (dynamic_load_s or 0.0), static_kind=static_kind,
