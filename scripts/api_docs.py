@@ -72,7 +72,7 @@ def _entry(qualname: str, obj) -> list[str]:
         bases = [b.__name__ for b in obj.__bases__ if b is not object and b.__name__ != "Protocol"]
         head = f"class {qualname}" + (f"({', '.join(bases)})" if bases else "")
         lines += [f"### `{head}`", ""]
-        if not _is_dataclass_or_protocol(obj) and "__init__" in vars(obj):
+        if not _is_dataclass_or_protocol(obj) and "__init__" in vars(obj) and not _private_init(obj):
             lines += ["```python", f"{obj.__name__}{_signature(obj.__init__).replace('(self, ', '(').replace('(self)', '()')}",
                       "```", ""]
         if _doc(obj):
@@ -93,6 +93,15 @@ def _entry(qualname: str, obj) -> list[str]:
     else:
         lines += [f"### `{qualname}`", "", f"`{obj!r}`", ""]
     return lines
+
+
+def _private_init(cls) -> bool:
+    """A constructor whose parameters are private is not for users (factories make them)."""
+    try:
+        params = list(inspect.signature(cls.__init__).parameters)[1:]
+    except (TypeError, ValueError):
+        return False
+    return any(p.startswith("_") for p in params)
 
 
 def _is_dataclass_or_protocol(cls) -> bool:

@@ -25,3 +25,16 @@ def test_type_information_is_installed():
     pkg = files("ngramcache")
     assert pkg.joinpath("py.typed").is_file()
     assert pkg.joinpath("_core.pyi").is_file()
+
+
+def test_api_page_is_current():
+    """docs/api.md is generated from the docstrings; a change to the API must regenerate it
+    (python scripts/api_docs.py)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "scripts" / "api_docs.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
