@@ -8,9 +8,6 @@ it; the first divergence from plain greedy is reported with the top-2 gap there.
 
 from __future__ import annotations
 
-import json
-import os
-
 import numpy as np
 import pytest
 
@@ -18,31 +15,12 @@ pytestmark = pytest.mark.model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
+from conftest import PROMPTS  # noqa: E402
 from ngramcache import LookupDrafter  # noqa: E402
-from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
 from ngramcache.models import default_model_path  # noqa: E402
 
-def _prompts() -> list[str]:
-    text, _ = data.prose(2400)
-    paras = [p for p in text.split("\n\n") if len(p) > 200]
-    fn = data.stdlib_function
-    code = [fn("posixpath.py", "relpath"), fn("textwrap.py", "dedent"), fn("shlex.py", "quote"),
-            fn("posixpath.py", "commonpath"), fn("genericpath.py", "commonprefix")]
-    return [
-        "Copy this function exactly.\n\n```python\n" + code[0] + "```\n\nCopy:\n\n```python\n",
-        "Add type hints.\n\n```python\n" + code[2] + "```\n\nWith type hints:\n\n```python\n",
-        code[1][:600] + "\n\n# The same function again:\n",
-        paras[0] + "\n\nRepeat the paragraph above word for word:\n\n",
-        paras[-1] + "\n\nQuestion: what is this about? Answer in one sentence.\nAnswer:",
-        "The capital of France is",
-        "Rename the function to common_path.\n\n```python\n" + code[3] + "```\n\nRenamed:\n\n```python\n",
-        "```python\n" + code[4] + "```\n\nThe same code:\n\n```python\n",
-        paras[1] + "\n\nQuote the first sentence of the text above.\n\n",
-    ]
 
-
-PROMPTS = _prompts()
 N = 24
 # llama.cpp's batched and single-token evaluations differ numerically, Gemma 3 Q4_K_M
 # included (logits by up to ~2 here; argmax flips seen at top-2 gaps of 0.02-0.063, on 3
@@ -64,14 +42,6 @@ def _run_recording(llm, prompt, drafter, n, **kw):
 
 def _first_divergence(a, b):
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-
-
-@pytest.fixture(scope="module")
-def gemma_path():
-    try:
-        return default_model_path("gemma")
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")
@@ -192,9 +162,7 @@ def test_bad_inputs(gemma, tmp_path):
         nl.generate(gemma, list(range(1, 2000)), None, 4)
 
 
-# ---------------------------------------------------------------------------------
-# SmolLM2: batched logits differ from single-token ones
-
+# --- SmolLM2: batched logits differ from single-token ones -----------------------------
 
 @pytest.fixture(scope="module")
 def smol():
@@ -225,36 +193,3 @@ def test_smollm2_every_token_is_argmax_of_its_verified_logits(smol, record_prope
             assert gap < NEAR_TIE, report[-1]
     record_property("smollm2_divergence", "; ".join(report))
     print("\nSmolLM2 vs plain greedy: " + "; ".join(report))
-
-
-# ---------------------------------------------------------------------------------
-# The commands
-
-
-def test_cli_generate_json_and_errors(gemma_path, tmp_path, capsys):
-    from ngramcache.cli import main
-
-    lcd = tmp_path / "dyn.bin"
-    rc = main(["generate", "-p", PROMPTS[0], "-n", "12", "--json", "-c", "1024", "-lcd", str(lcd)])
-    assert rc == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["n_predict"] == 12 and out["n_prompt"] > 50 and isinstance(out["text"], str)
-    assert os.path.getsize(lcd) > 0  # the dynamic cache was written, like llama-lookup -lcd
-    rc = main(["generate", "-m", str(tmp_path / "missing.gguf"), "-p", "x"])
-    assert rc == 1 and "not found" in capsys.readouterr().err
-    rc = main(["generate", "-p", "x", "--spec-draft-n-max", "-1"])
-    assert rc == 2 and "spec-draft-n-max" in capsys.readouterr().err
-    rc = main(["generate", "-p", "", "-n", "2"])
-    assert rc == 2 and "empty" in capsys.readouterr().err
-
-
-def test_cli_demo_small(gemma_path, capsys):
-    from ngramcache.cli import main
-
-    rc = main(["demo", "-n", "24", "--repeats", "1", "--json"])
-    assert rc == 0
-    out = json.loads(capsys.readouterr().out)
-    rows = {r["method"]: r for r in out["methods"]}
-    assert set(rows) == {"plain", "llama-cpp", "ngramcache"}
-    assert rows["ngramcache"]["identical"] and rows["llama-cpp"]["identical"]
-    assert rows["ngramcache"]["accepted"] > 0

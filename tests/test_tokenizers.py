@@ -1,27 +1,21 @@
-"""ngramcache.tokenizers: llama.cpp's text handling, tokenizers, token files; progress."""
+"""ngramcache.tokenizers: loading GGUF and Hugging Face tokenizers, their errors, and
+tokenizing text and files exactly as llama.cpp's tools do."""
 
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import os
-import re
 import subprocess
 import sys
-import sysconfig
-from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from ngramcache import files as F
+from conftest import _stdlib_text
 from ngramcache import models as M
 from ngramcache import text as TX
 from ngramcache import tokenizers as T
-from ngramcache.progress import Progress, fmt_bytes, fmt_count, fmt_seconds, peak_rss_bytes
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 HAVE_HF = importlib.util.find_spec("tokenizers") is not None
@@ -29,292 +23,7 @@ needs_llama = pytest.mark.skipif(not HAVE_LLAMA, reason="llama-cpp-python not in
 needs_hf = pytest.mark.skipif(not HAVE_HF, reason="Hugging Face 'tokenizers' not installed (extra 'hf')")
 
 
-# ---------------------------------------------------------------------------------------
-# An independent transcription of llama.cpp's string_process_escapes (common.cpp), byte by
-# byte, with strtol's rules for the two characters after "\x".
-# ---------------------------------------------------------------------------------------
-
-def _strtol16_two(c1: int, c2: int):
-    """strtol(x, &end, 16) on the NUL-terminated 2-char string; value if end == x + 2."""
-    s = bytes([c1, c2])
-    i = 0
-    while i < 2 and s[i] in b" \t\n\v\f\r":
-        i += 1
-    neg = False
-    if i < 2 and s[i] in b"+-":
-        neg = s[i] == ord("-")
-        i += 1
-    start = i
-    val = 0
-    while i < 2 and chr(s[i]) in "0123456789abcdefABCDEF":
-        val = val * 16 + int(chr(s[i]), 16)
-        i += 1
-    if i == start or i != 2:
-        return None
-    return -val if neg else val
-
-
-def reference_escapes(data: bytes) -> bytes:
-    out = bytearray()
-    n = len(data)
-    i = 0
-    simple = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("'"): 39, ord('"'): 34, ord("\\"): 92}
-    while i < n:
-        c = data[i]
-        if c == 0x5C and i + 1 < n:
-            i += 1
-            e = data[i]
-            if e in simple:
-                out.append(simple[e])
-            elif e == ord("x") and i + 2 < n and data[i + 1] != 0 and (v := _strtol16_two(data[i + 1], data[i + 2])) is not None:
-                i += 2
-                out.append(v & 0xFF)
-            else:
-                out += bytes([0x5C, e])
-        else:
-            out.append(c)
-        i += 1
-    return bytes(out)
-
-
-@pytest.mark.parametrize("src, want", [
-    (rb"a\nb", b"a\nb"),
-    (rb"a\rb", b"a\rb"),
-    (rb"a\tb", b"a\tb"),
-    (rb"\'q\'", b"'q'"),
-    (rb'\"q\"', b'"q"'),
-    (rb"back\\slash", b"back\\slash"),
-    (rb"\\n", b"\\n"),                 # an escaped backslash, then a plain n
-    (rb"\\\n", b"\\\n"),               # escaped backslash, then an escaped newline
-    (rb"\x41\x62", b"Ab"),
-    (rb"\xff", b"\xff"),
-    (rb"\x00", b"\x00"),
-    (rb"\x4", rb"\x4"),                # too short at the end: kept
-    (rb"\x", rb"\x"),
-    (rb"\xZZ", rb"\xZZ"),
-    (rb"\x4G", rb"\x4G"),
-    (rb"\x 5", b"\x05"),               # strtol skips leading whitespace
-    (rb"\x+5", b"\x05"),               # ... and takes a sign
-    (rb"\x-1", b"\xff"),               # char(-1)
-    (rb"\x0x", rb"\x0x"),
-    (rb"\q \d \0 \u1234", rb"\q \d \0 \u1234"),  # other pairs stay as they are
-    (b"end\\", b"end\\"),              # a lone backslash at the very end
-    (b"no escapes at all", b"no escapes at all"),
-])
-def test_escapes(src, want):
-    assert TX.process_escapes(src) == want
-    assert reference_escapes(src) == want
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.lists(st.sampled_from([b"\\", b"x", b"n", b"t", b"r", b"'", b'"', b"4", b"f", b"F", b"g", b" ", b"+",
-                                 b"-", b"\n", b"\x00", b"0", b"a", b"\xf4"]), max_size=40))
-def test_escapes_match_reference(parts):
-    data = b"".join(parts)
-    assert TX.process_escapes(data) == reference_escapes(data)
-
-
-@pytest.mark.parametrize("src, want", [
-    (b"abc\n", b"abc"),
-    (b"abc\n\n", b"abc\n"),       # only ONE newline goes
-    (b"abc", b"abc"),
-    (b"abc\r\n", b"abc\r"),
-    (b"\n", b""),
-    (b"", b""),
-    (b"a\\\n", b"a\\"),           # the newline goes before escapes: the backslash stays
-    (b"a\\n\n", b"a\n"),          # the trailing newline goes, then \n becomes one
-])
-def test_prepare_text_trailing_newline_then_escapes(src, want):
-    assert TX.prepare_text(src) == want
-
-
-def test_prepare_text_no_escape():
-    assert TX.prepare_text(b"a\\tb\\x41\n", escape=False) == b"a\\tb\\x41"
-
-
-def test_prepare_text_rejects_str():
-    with pytest.raises(TypeError, match="bytes"):
-        TX.prepare_text("text")
-
-
-# -- invalid code points ----------------------------------------------------------------
-
-@pytest.mark.parametrize("text, offset", [
-    (b"\xf4\x90\x80\x80", 0),          # U+110000
-    (b"abc\xf4\x90\x80\x80def", 3),
-    (b"ab\xf5\x80\x80\x80", 2),        # F5 lead: U+140000
-    (b"ab\xf7\xbf\xbf\xbf", 2),        # the largest 4-byte value
-    (b"\xe0\xf4\x90\x80\x80", 1),      # a broken 3-byte lead before it: skipped, then found
-    (b"ok \xf0\x9f\x98\x80 \xf4\xbf\xbf\xbf", 8),
-])
-def test_invalid_codepoint_named_with_offset(text, offset):
-    with pytest.raises(TX.InvalidTextError) as ei:
-        TX.check_codepoints(text, "corpus.txt")
-    e = ei.value
-    assert e.offset == offset and e.path == "corpus.txt"
-    assert f"corpus.txt: byte offset {offset}:" in str(e)
-    assert "above U+10FFFF" in str(e)
-
-
-@pytest.mark.parametrize("text", [
-    b"\xf4\x8f\xbf\xbf",        # U+10FFFF itself is fine
-    b"\xf0\x9f\x98\x80",        # an emoji
-    b"\xf4\x90\x80",            # truncated at the end: llama.cpp replaces it, no error
-    b"\xf4\x90\x80x",           # not followed by continuations
-    b"\xff\xfe\x80",            # other invalid UTF-8
-    b"\xed\xa0\x80",            # a surrogate: decoded and re-encoded without complaint
-    b"\xf8\x88\x80\x80\x80",    # 5-byte lead: invalid, replaced
-])
-def test_other_invalid_utf8_accepted(text):
-    TX.check_codepoints(text, "x")
-
-
-def test_invalid_codepoint_from_escape_points_into_the_file():
-    src = b"0123\\t\\xF4\\x90\\x80\\x80 tail\n"
-    with pytest.raises(TX.InvalidTextError) as ei:
-        TX.prepare_text(src, name="f.py")
-    assert ei.value.offset == 6  # the backslash of \xF4 in the file
-    assert "escape sequence" in str(ei.value) and "--no-escape" in str(ei.value)
-    # The same bytes as escapes kept as text are plain ASCII.
-    assert TX.prepare_text(src, escape=False, name="f.py").startswith(b"0123\\t")
-
-
-def test_invalid_codepoint_literal_offset_after_escapes_counts_file_bytes():
-    src = b"\\n\\n\\n\xf4\x90\x80\x80"
-    with pytest.raises(TX.InvalidTextError) as ei:
-        TX.prepare_text(src, name="f")
-    assert ei.value.offset == 6 and "escape" not in str(ei.value)
-
-
-def test_check_can_be_skipped():
-    assert TX.prepare_text(b"\xf4\x90\x80\x80", check=False) == b"\xf4\x90\x80\x80"
-
-
-# -- pieces -----------------------------------------------------------------------------
-
-def _stdlib_text(limit: int) -> bytes:
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    out, total = [], 0
-    for name in ["collections/__init__.py", "functools.py", "inspect.py", "argparse.py", "typing.py",
-                 "pathlib.py", "dataclasses.py", "enum.py"]:
-        p = lib / name
-        if p.is_file():
-            out.append(p.read_bytes())
-            total += len(out[-1])
-        if total >= limit:
-            break
-    return b"".join(out)[:limit]
-
-
-def test_split_pieces_cut_points_and_sizes():
-    text = _stdlib_text(400_000)
-    pieces = TX.split_pieces(text, 16_384)
-    assert b"".join(pieces) == text
-    assert len(pieces) > 10
-    ok = [i for i in range(2, len(text)) if TX._is_cut(text, i)]
-    pos = 0
-    for p in pieces[:-1]:
-        start, pos = pos, pos + len(p)
-        # Each cut is right after a lone newline between two non-space bytes.
-        assert text[pos - 1:pos] == b"\n"
-        assert text[pos - 2] not in b" \t\r\n\v\f" and text[pos] not in b" \t\r\n\v\f"
-        if len(p) > 16_384:
-            # Longer only where no cut point existed within the limit.
-            assert not [i for i in ok if start < i <= start + 16_384]
-        else:
-            # Cut at the latest point within the limit.
-            assert not [i for i in ok if pos < i <= start + 16_384]
-
-
-def test_split_pieces_degenerate():
-    assert TX.split_pieces(b"", 10) == [b""]
-    assert TX.split_pieces(b"short", 10) == [b"short"]
-    assert TX.split_pieces(b"x" * 100, 0) == [b"x" * 100]
-    no_cut = b"    indented\n" * 50  # every line starts with spaces: nowhere to cut
-    assert TX.split_pieces(no_cut, 64) == [no_cut]
-    text = b"aaaa\nbbbb\ncccc\ndddd"
-    pieces = TX.split_pieces(text, 6)
-    assert b"".join(pieces) == text and pieces == [b"aaaa\n", b"bbbb\n", b"cccc\n", b"dddd"]
-
-
-# -- token files ------------------------------------------------------------------------
-
-def test_read_tokens_raw_and_npy(tmp_path):
-    toks = np.array([0, 5, 2**31 - 1, 49151], dtype=np.int64)
-    raw = tmp_path / "t.i32"
-    toks.astype("<i4").tofile(raw)
-    got = F.read_tokens_file(raw)
-    assert got.dtype == np.int32 and got.tolist() == toks.tolist()
-    npy = tmp_path / "t.npy"
-    np.save(npy, toks)
-    assert F.read_tokens_file(npy).tolist() == toks.tolist()
-    # Content decides, not the name: a .npy image under another name still loads.
-    other = tmp_path / "t.bin"
-    other.write_bytes(npy.read_bytes())
-    assert F.read_tokens_file(other).tolist() == toks.tolist()
-    F.write_tokens_file(tmp_path / "w.i32", toks)
-    assert (tmp_path / "w.i32").read_bytes() == raw.read_bytes()
-    empty = tmp_path / "e.i32"
-    empty.write_bytes(b"")
-    assert F.read_tokens_file(empty).size == 0
-
-
-def test_read_tokens_errors(tmp_path):
-    odd = tmp_path / "odd.i32"
-    odd.write_bytes(b"\x01\x00\x00\x00\x02\x00")
-    with pytest.raises(ValueError, match=r"odd.i32: 6 bytes is not a whole number of int32"):
-        F.read_tokens_file(odd)
-    neg = tmp_path / "neg.i32"
-    np.array([1, -7, 3], dtype="<i4").tofile(neg)
-    with pytest.raises(ValueError, match=r"neg.i32: negative token id -7 at index 1"):
-        F.read_tokens_file(neg)
-    fl = tmp_path / "f.npy"
-    np.save(fl, np.array([1.0, 2.0]))
-    with pytest.raises(ValueError, match=r"f.npy: token ids must be integers"):
-        F.read_tokens_file(fl)
-    two = tmp_path / "2d.npy"
-    np.save(two, np.zeros((2, 2), dtype=np.int32))
-    with pytest.raises(ValueError, match=r"2d.npy.*1-D"):
-        F.read_tokens_file(two)
-    big = tmp_path / "big.npy"
-    np.save(big, np.array([1, 2**40], dtype=np.int64))
-    with pytest.raises(ValueError, match=r"big.npy.*int32"):
-        F.read_tokens_file(big)
-    bad = tmp_path / "bad.npy"
-    bad.write_bytes(b"\x93NUMPY\x01\x00garbage")
-    with pytest.raises(ValueError, match=r"bad.npy: not a readable .npy"):
-        F.read_tokens_file(bad)
-    with pytest.raises(FileNotFoundError):
-        F.read_tokens_file(tmp_path / "missing.i32")
-    with pytest.raises(ValueError, match="directory"):
-        F.read_tokens_file(tmp_path)
-
-
-# -- inputs -----------------------------------------------------------------------------
-
-def test_expand_inputs(tmp_path):
-    d = tmp_path / "corpus"
-    (d / "sub").mkdir(parents=True)
-    (d / ".hidden").mkdir()
-    (d / "__pycache__").mkdir()
-    (d / "b.txt").write_bytes(b"b")
-    (d / "a.txt").write_bytes(b"a")
-    (d / "sub" / "c.txt").write_bytes(b"c")
-    (d / ".hidden" / "h.txt").write_bytes(b"h")
-    (d / ".dot.txt").write_bytes(b"h")
-    (d / "__pycache__" / "x.pyc").write_bytes(b"\0\0")
-    (d / "blob.bin").write_bytes(b"ab\0cd")
-    single = tmp_path / "single.txt"
-    single.write_bytes(b"s")
-    files, skipped = F.expand_inputs([single, d])
-    assert [f.relative_to(tmp_path).as_posix() for f in files] == [
-        "single.txt", "corpus/a.txt", "corpus/b.txt", "corpus/sub/c.txt"]
-    assert [s.name for s in skipped] == ["blob.bin"]
-    with pytest.raises(FileNotFoundError, match="nope.txt"):
-        F.expand_inputs([tmp_path / "nope.txt"])
-
-
-# -- loading tokenizers: errors that need no model --------------------------------------
+# --- loading tokenizers: errors that need no model -------------------------------------
 
 def test_load_tokenizer_arguments(tmp_path):
     with pytest.raises(ValueError, match="exactly one"):
@@ -339,7 +48,7 @@ def test_truncated_gguf_is_a_clear_error(tmp_path):
         T.load_tokenizer(model=bad)
 
 
-# -- real tokenizers --------------------------------------------------------------------
+# --- real tokenizers -------------------------------------------------------------------
 
 def _smollm2_path():
     try:
@@ -481,7 +190,7 @@ def test_several_files_concatenate(smollm2, vectors_dir):
     np.testing.assert_array_equal(got, want)
 
 
-# -- Hugging Face tokenizer.json ---------------------------------------------------------
+# --- Hugging Face tokenizer.json -------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def hf_json(tmp_path_factory):
@@ -537,63 +246,3 @@ def test_hf_missing_package_message(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails as if not installed
     with pytest.raises(ImportError, match=r"pip install 'ngramcache\[hf\]'"):
         T.load_tokenizer(tokenizer_json=f)
-
-
-# -- progress ---------------------------------------------------------------------------
-
-class _TTY(io.StringIO):
-    def isatty(self):
-        return True
-
-
-def test_progress_log_mode_is_quiet_for_short_tasks():
-    s = io.StringIO()
-    with Progress(100, "tokenizing", stream=s) as bar:
-        bar.update(50)
-        bar.update(50)
-    assert s.getvalue() == ""
-
-
-def test_progress_log_lines(monkeypatch):
-    s = io.StringIO()
-    monkeypatch.setattr(Progress, "LOG_INTERVAL", 0.0)
-    with Progress(2_000_000, "counting", unit="tok", stream=s) as bar:
-        bar.update(1_000_000)
-    lines = s.getvalue().splitlines()
-    assert "\r" not in s.getvalue()
-    assert lines[0].startswith("counting:  50% [") and "ETA" in lines[0] and "1M tok / 2M tok" in lines[0]
-    assert len(lines) == 2 and "done" not in lines[0]
-
-
-def test_progress_tty_redraws_in_place(monkeypatch):
-    s = _TTY()
-    monkeypatch.setattr(Progress, "TTY_INTERVAL", 0.0)
-    monkeypatch.delenv("TERM", raising=False)
-    with Progress(10, "writing", unit="B", stream=s) as bar:
-        for _ in range(10):
-            bar.update(1)
-    out = s.getvalue()
-    assert out.count("\r") == 11 and out.endswith("\n") and "100%" in out and "done" in out
-
-
-def test_progress_quiet_and_unknown_total(monkeypatch):
-    s = _TTY()
-    monkeypatch.setattr(Progress, "TTY_INTERVAL", 0.0)
-    with Progress(10, "x", quiet=True, stream=s) as bar:
-        bar.update(5)
-    assert s.getvalue() == ""
-    with Progress(None, "scan", unit="files", stream=s) as bar:
-        bar.update(3)
-    assert "scan: 3 files" in s.getvalue() and "ETA" not in s.getvalue()
-    with pytest.raises(ValueError):
-        Progress(-1, "x")
-
-
-def test_formatting_and_rss():
-    assert fmt_count(1234) == "1234" and fmt_count(1_234_567) == "1.23M" and fmt_count(250_000) == "250k"
-    assert fmt_bytes(512) == "512 B" and fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(3 * 2**30) == "3.0 GiB"
-    assert fmt_seconds(0.5) == "0.50 s" and fmt_seconds(75) == "1:15" and fmt_seconds(3725) == "1:02:05"
-    rss = peak_rss_bytes()
-    assert 10 * 2**20 < rss < 64 * 2**30
-    assert peak_rss_bytes(include_children=True) >= rss
-    assert re.fullmatch(r"\d+", str(rss))

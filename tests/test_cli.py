@@ -1,0 +1,241 @@
+"""The command-line skeleton: help, usage errors (exit status 2), runtime errors (exit
+status 1, one line, no traceback), interrupt and closed stdout, -q and progress on
+stderr, the corpus flags shared by create and stats, `python -m ngramcache` and the
+console script."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_cli, run_json
+
+
+# --- help ------------------------------------------------------------------------------
+
+def test_no_command_prints_help(capsys):
+    rc, out, err = run_cli(capsys)
+    assert rc == 2 and "create" in out and "merge" in out and "convert" in out and "info" in out
+
+
+COMMAND_NAMES = ("create", "merge", "convert", "info", "stats", "generate", "demo")
+
+
+@pytest.mark.parametrize("argv", [[]] + [[c] for c in COMMAND_NAMES])
+def test_every_help(capsys, argv):
+    rc, out, err = run_cli(capsys, *argv, "--help")
+    assert rc == 0 and err == ""
+    assert out.startswith("usage: ngramcache" + (f" {argv[0]}" if argv else ""))
+    if argv:  # the output flags are declared once, for every command
+        assert "--json" in out and "-q, --quiet" in out
+
+
+# --- errors and exit status ------------------------------------------------------------
+
+def test_usage_errors_exit_2(tmp_path, capsys, vectors_dir):
+    toks = vectors_dir / "prose.tokens.i32"
+    cases = [
+        (["create", "--tokens", toks], "required: -lcs"),
+        (["create", "-lcs", tmp_path / "o.bin"], "no input"),
+        (["create", "-f", vectors_dir / "prose.txt", "-lcs", tmp_path / "o.bin"], "exactly one tokenizer"),
+        (["create", "--tokens", toks, "-f", vectors_dir / "prose.txt", "-lcs", tmp_path / "o.bin"], "--tokens replaces"),
+        (["create", "--tokens", toks, "-lcs", tmp_path / "o.xyz"], "cannot tell the output format"),
+        (["create", "--tokens", toks, "-lcs", tmp_path / "o.bin", "-j", "0"], "--jobs must be at least 1"),
+        (["create", "--tokens", toks, "-lcs", tmp_path / "o.bin", "--format", "csv"], "invalid choice"),
+        (["merge", tmp_path / "only.bin"], "need at least one input and the output"),
+        (["convert", vectors_dir / "static-small.lcs.bin"], "required: OUT"),
+        (["convert", vectors_dir / "static-small.lcs.bin", vectors_dir / "static-small.lcs.bin"], "overwrite the input"),
+        (["info"], "required: FILE"),
+        (["nosuchcommand"], "invalid choice"),
+    ]
+    for argv, msg in cases:
+        rc, out, err = run_cli(capsys, *argv)
+        assert rc == 2, (argv, err)
+        assert msg in err, (argv, err)
+        assert "usage:" in err
+    assert not (tmp_path / "o.bin").exists()
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["stats", "--tokens", "t.i32", "-c", "1"], "-c/--ctx-size must be >= 2"),
+    (["generate", "-p", "x", "--spec-draft-n-max", "-1"], "--spec-draft-n-max must be >= 0, got -1"),
+    (["generate", "-p", "x", "-c", "4"], "-c must be >= 8, got 4"),
+    (["demo", "-n", "0"], "-n must be >= 1, got 0"),
+    (["stats", "--tokens", "t.i32", "-m", "smollm2"], "--tokens replaces"),
+    (["stats", "-f", "a.txt", "-m", "smollm2", "--tokenizer", "t.json"], "exactly one tokenizer"),
+    (["stats", "-f", "a.txt", "-m", "smollm2", "-j", "0"], "-j/--jobs must be at least 1, got 0"),
+    (["create", "-f", "a.txt", "-m", "smollm2", "-lcs", "o.bin", "--piece-size", "-1"],
+     "--piece-size must be >= 0, got -1"),
+])
+def test_usage_errors_every_command(capsys, argv, msg):
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 2 and out == ""
+    usage, message = err.splitlines()[0], err.splitlines()[-1]
+    assert usage.startswith(f"usage: ngramcache {argv[0]} ")
+    assert message.startswith(f"ngramcache {argv[0]}: error: ") and msg in message, err
+
+
+def test_runtime_errors_exit_1(tmp_path, capsys, vectors_dir):
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(b"\x01\x02\x03\x04" * 5 + b"\x07\x00\x00\x00")  # key, then 7 pairs missing
+    odd = tmp_path / "odd.i32"
+    odd.write_bytes(b"\x01\x00\x00")
+    cases = [
+        (["info", tmp_path / "missing.bin"], "missing.bin: No such file or directory"),
+        (["info", tmp_path], "is a directory"),
+        (["info", garbage], "garbage.bin"),
+        (["merge", vectors_dir / "prose.context.bin", tmp_path / "missing.bin", tmp_path / "o.bin"], "missing.bin"),
+        (["merge", vectors_dir / "prose.context.bin", garbage, tmp_path / "o.bin"], "damaged or not a cache file"),
+        (["convert", garbage, tmp_path / "o.bin"], "damaged or not a cache file: " + str(garbage)),
+        (["create", "--tokens", tmp_path / "missing.i32", "-lcs", tmp_path / "o.bin"], "missing.i32"),
+        (["create", "--tokens", odd, "-lcs", tmp_path / "o.bin"], "odd.i32: 3 bytes is not a whole number of int32"),
+        (["create", "--tokens", vectors_dir / "prose.tokens.i32", "-lcs", tmp_path / "nodir" / "o.bin"],
+         "does not exist"),
+        (["create", "-m", tmp_path / "none.gguf", "-f", vectors_dir / "prose.txt", "-lcs", tmp_path / "o.bin"],
+         "none.gguf: model file not found"),
+        (["create", "-m", vectors_dir / "prose.txt", "-f", vectors_dir / "prose.txt", "-lcs", tmp_path / "o.bin"],
+         "not a GGUF model file"),
+        (["create", "-m", "smollm2", "-f", tmp_path / "nofile.txt", "-lcs", tmp_path / "o.bin"], "nofile.txt"),
+    ]
+    for argv, msg in cases:
+        rc, out, err = run_cli(capsys, *argv)
+        assert rc == 1, (argv, err)
+        assert msg in err, (argv, err)
+        assert err.startswith(f"ngramcache {argv[0]}: error: "), err
+        assert "Traceback" not in err
+        assert out == ""
+    assert not (tmp_path / "o.bin").exists()
+
+
+def test_runtime_errors_generate_demo(tmp_path, capsys):
+    """Checked before any model is loaded: one line, exit status 1, no traceback."""
+    (tmp_path / "empty.txt").write_bytes(b"\n")
+    cases = [
+        (["generate", "-m", tmp_path / "missing.gguf", "-p", "x"], 1, "missing.gguf: model file not found"),
+        (["demo", "-m", tmp_path / "missing.gguf"], 1, "missing.gguf: model file not found"),
+        (["generate", "-f", tmp_path / "nofile.txt"], 1, "nofile.txt: No such file or directory"),
+        (["demo", "-f", tmp_path / "nofile.txt"], 1, "nofile.txt: No such file or directory"),
+        # -f drops one trailing newline, as llama.cpp does: nothing is left
+        (["generate", "-f", tmp_path / "empty.txt"], 2, "the prompt is empty"),
+    ]
+    for argv, code, msg in cases:
+        rc, out, err = run_cli(capsys, *argv)
+        assert rc == code and out == "", (argv, err)
+        assert err.splitlines()[-1] == f"ngramcache {argv[0]}: error: {msg}" or msg in err.splitlines()[-1], err
+        assert "Traceback" not in err
+
+
+def test_interrupt_and_broken_pipe(capsys, monkeypatch):
+    from ngramcache.commands import info
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(info, "run", interrupted)
+    rc, out, err = run_cli(capsys, "info", "x.bin")
+    assert rc == 130 and err == "interrupted\n"
+    monkeypatch.setattr(info, "run", broken)
+    stdout = sys.stdout
+    try:
+        rc, out, err = run_cli(capsys, "info", "x.bin")
+        assert sys.stdout is not stdout  # later writes go nowhere instead of failing again
+    finally:
+        if sys.stdout is not stdout:
+            sys.stdout.close()
+            sys.stdout = stdout
+    assert rc == 1 and err == ""
+
+
+# --- shared flags ----------------------------------------------------------------------
+
+def test_quiet_and_progress_to_stderr(vectors_dir, tmp_path, capsys, monkeypatch):
+    from ngramcache.commands import create
+    from ngramcache.progress import Progress
+    monkeypatch.setattr(Progress, "LOG_INTERVAL", 0.0)
+    monkeypatch.setattr(create, "COUNT_CHUNK", 50_000)
+    rc, out, err = run_cli(capsys, "create", "--tokens", vectors_dir / "small-static.tokens.i32",
+                           "-lcs", tmp_path / "o.bin")
+    assert rc == 0 and "counting:" in err and "ETA" in err and "create: done" in out
+    rc, out, err = run_cli(capsys, "create", "--tokens", vectors_dir / "small-static.tokens.i32",
+                           "-lcs", tmp_path / "o.bin", "-q")
+    assert rc == 0 and err == "" and "create: done" in out
+
+
+@pytest.fixture(scope="module")
+def tiny_hf_json(tmp_path_factory):
+    """A small byte-level BPE tokenizer.json, trained on the reference prose."""
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    text = (Path(__file__).resolve().parents[1].parent / "shared" / "vectors" / "prose.txt").read_text()
+    tok.train_from_iterator([text[:50_000]], trainer=trainer)
+    path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def test_text_input_same_in_create_and_stats(vectors_dir, tmp_path, capsys, tiny_hf_json):
+    """create and stats read a corpus with the same flags: several -f files (or a
+    directory) tokenized one by one and concatenated; --tokenizer and --tokenizer-json
+    are one flag."""
+    text = (vectors_dir / "prose.txt").read_bytes()[:60_000]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes(text[:30_000])
+    (corpus / "b.txt").write_bytes(text[30_000:])
+    saved = tmp_path / "toks.i32"
+    s = run_json(capsys, "create", "--tokenizer-json", tiny_hf_json, "-f", corpus / "a.txt", corpus / "b.txt",
+                 "-lcs", tmp_path / "c.bin", "--save-tokens", saved)
+    assert s["inputs"] == [str(corpus / "a.txt"), str(corpus / "b.txt")]
+    toks = np.fromfile(saved, dtype="<i4")
+    assert s["tokens"] == toks.size > 2_000
+    replay = ["-c", "512", "--spec-draft-n-max", "4", "--json", "-q"]
+    from_tokens = json.loads(run_cli(capsys, "stats", "--tokens", saved, *replay)[1])
+    for flags in (["--tokenizer", tiny_hf_json, "-f", corpus / "a.txt", "-f", corpus / "b.txt"],
+                  ["--tokenizer-json", tiny_hf_json, "-f", corpus]):
+        rc, out, err = run_cli(capsys, "stats", *flags, *replay)
+        assert rc == 0, err
+        d = json.loads(out)
+        assert (d["n_input"], d["n_drafted"], d["n_accept"]) == \
+            (from_tokens["n_input"], from_tokens["n_drafted"], from_tokens["n_accept"])
+
+
+# --- real processes --------------------------------------------------------------------
+
+def test_python_m_ngramcache(vectors_dir, tmp_path):
+    out = tmp_path / "o.bin"
+    r = subprocess.run([sys.executable, "-m", "ngramcache", "create", "--tokens", str(vectors_dir / "prose.tokens.i32"),
+                        "-lcs", str(out), "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["tokens"] == 60_394 and s["total_count"] == 60_392 and out.is_file()
+    r = subprocess.run([sys.executable, "-m", "ngramcache", "info", str(tmp_path / "missing.bin")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "missing.bin" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "ngramcache", "merge"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+
+
+def test_console_script():
+    from importlib.metadata import entry_points
+    eps = [e for e in entry_points(group="console_scripts") if e.name == "ngramcache"]
+    assert eps and eps[0].value == "ngramcache.cli:main"
+    script = Path(sys.executable).parent / "ngramcache"
+    if not script.is_file():
+        script = shutil.which("ngramcache")
+        if script is None:
+            pytest.skip("the ngramcache script is not on this environment's PATH")
+    r = subprocess.run([str(script), "create", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "-lcs OUT" in r.stdout and "--no-escape" in r.stdout

@@ -1,0 +1,151 @@
+"""`ngramcache create`: llama-lookup-create's counts from token files, text with a model,
+directories; llama.cpp's lookup.bin and the static-table output."""
+
+from __future__ import annotations
+
+import importlib.util
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ngramcache
+from conftest import canonical_bytes, canonical_sha, cache_stats, needs_static, run_cli, run_json
+from ngramcache import NgramCache
+from ngramcache.tokenizers import tokenize_files
+
+HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
+
+
+def stdlib_corpus(tmp_path: Path, limit: int = 300_000) -> Path:
+    """A small real corpus: a slice of the standard library's source, as a directory."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    d = tmp_path / "corpus"
+    d.mkdir()
+    total = 0
+    for i, name in enumerate(["functools.py", "csv.py", "shutil.py", "tempfile.py", "enum.py", "inspect.py"]):
+        src = lib / name
+        if not src.is_file():
+            continue
+        data = src.read_bytes()
+        (d / f"{i:02d}_{name}").write_bytes(data)
+        total += len(data)
+        if total >= limit:
+            break
+    return d
+
+
+def smollm2_path() -> str:
+    if not HAVE_LLAMA:
+        pytest.skip("llama-cpp-python not installed")
+    from ngramcache.models import default_model_path
+    try:
+        return default_model_path("smollm2")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
+def bytes_as_tokens(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
+
+
+# --- create ----------------------------------------------------------------------------
+
+def test_create_from_vector_tokens_equals_llama_lookup_create(vectors_dir, tmp_path, capsys):
+    """--tokens small-static.tokens.i32 must hold exactly llama-lookup-create's counts."""
+    out = tmp_path / "static.bin"
+    s = run_json(capsys, "create", "--tokens", vectors_dir / "small-static.tokens.i32", "-lcs", out)
+    want = cache_stats(vectors_dir)["static-small.lcs.bin"]
+    assert s["tokens"] == 248_752 and s["keys"] == want["records"] and s["entries"] == want["pairs"]
+    assert s["total_count"] == want["total_count"] == 248_750
+    assert s["format"] == "llama" and s["file_bytes"] == out.stat().st_size == want["bytes"]
+    assert canonical_sha(out) == want["sha256_canonical"]
+    for key in ("seconds", "peak_rss_bytes", "stage_seconds"):
+        assert key in s
+
+
+@pytest.mark.model
+def test_create_with_model_equals_llama_lookup_create(vectors_dir, tmp_path, capsys):
+    out = tmp_path / "static.bin"
+    s = run_json(capsys, "create", "-m", smollm2_path(), "-f", vectors_dir / "small-static.txt",
+                 "-lcs", out, "--format", "llama", "--save-tokens", tmp_path / "toks.i32")
+    assert s["tokens"] == 248_752
+    assert canonical_sha(out) == cache_stats(vectors_dir)["static-small.lcs.bin"]["sha256_canonical"]
+    assert canonical_bytes(NgramCache.load(out)) == canonical_bytes(NgramCache.load(vectors_dir / "static-small.lcs.bin"))
+    assert (tmp_path / "toks.i32").read_bytes() == (vectors_dir / "small-static.tokens.i32").read_bytes()
+    # One tokenizer call per file gives the same (llama.cpp's own way).
+    out0 = tmp_path / "static0.bin"
+    run_json(capsys, "create", "-m", "smollm2", "-f", vectors_dir / "small-static.txt", "-lcs", out0,
+             "--piece-size", "0", "-j", "1")
+    assert canonical_bytes(NgramCache.load(out0)) == canonical_bytes(NgramCache.load(out))
+
+
+def test_create_stdlib_slice_with_tokens(tmp_path, capsys):
+    corpus = stdlib_corpus(tmp_path)
+    data = b"".join(p.read_bytes() for p in sorted(corpus.iterdir()))
+    toks = bytes_as_tokens(data)
+    np.save(tmp_path / "toks.npy", toks.astype(np.int64))
+    toks.astype("<i4").tofile(tmp_path / "toks.i32")
+    ref = NgramCache()
+    ref.update(toks, 2, 2)
+    for src in ("toks.npy", "toks.i32"):
+        out = tmp_path / f"{src}.bin"
+        s = run_json(capsys, "create", "--tokens", tmp_path / src, "-lcs", out)
+        assert s["tokens"] == toks.size and s["keys"] == len(ref)
+        assert canonical_bytes(NgramCache.load(out)) == canonical_bytes(ref)
+
+
+def test_create_counts_in_chunks_like_one_update(tmp_path, capsys, monkeypatch):
+    """Counting runs in chunks (for the progress bar): the chunk seams must not lose or
+    double any 2-gram."""
+    from ngramcache.commands import create
+    monkeypatch.setattr(create, "COUNT_CHUNK", 7)
+    toks = np.random.default_rng(5).integers(0, 9, size=1000).astype("<i4")
+    toks.tofile(tmp_path / "t.i32")
+    run_json(capsys, "create", "--tokens", tmp_path / "t.i32", "-lcs", tmp_path / "o.bin")
+    ref = NgramCache()
+    ref.update(toks, 2, 2)
+    assert canonical_bytes(NgramCache.load(tmp_path / "o.bin")) == canonical_bytes(ref)
+
+
+@pytest.mark.model
+def test_create_stdlib_directory_with_model(tmp_path, capsys):
+    corpus = stdlib_corpus(tmp_path)
+    (corpus / "blob.dat").write_bytes(b"\0binary")
+    out = tmp_path / "lib.bin"
+    rc, stdout, err = run_cli(capsys, "create", "-m", smollm2_path(), "-f", corpus, "-lcs", out)
+    assert rc == 0, err
+    assert "skipping binary file" in err and "blob.dat" in err
+    assert "create: done" in stdout and "tokens" in stdout and "peak memory" in stdout
+    from ngramcache.tokenizers import load_tokenizer
+    toks = tokenize_files(sorted(p for p in corpus.iterdir() if p.suffix == ".py"), load_tokenizer("smollm2"), jobs=1)
+    ref = NgramCache()
+    ref.update(toks, 2, 2)
+    assert canonical_bytes(NgramCache.load(out)) == canonical_bytes(ref)
+
+
+@pytest.mark.model
+def test_create_invalid_text_names_file_and_offset(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"abc \\xF4\\x90\\x80\\x80 def\n")
+    rc, out, err = run_cli(capsys, "create", "-m", smollm2_path(), "-f", bad, "-lcs", tmp_path / "o.bin")
+    assert rc == 1 and out == ""
+    assert f"{bad}: byte offset 4:" in err and "U+110000" in err
+    assert not (tmp_path / "o.bin").exists()
+    assert run_cli(capsys, "create", "-m", "smollm2", "-f", bad, "-lcs", tmp_path / "o.bin", "--no-escape")[0] == 0
+
+
+@needs_static
+def test_create_ngst_matches_llama_counts(vectors_dir, tmp_path, capsys):
+    out = tmp_path / "static.ngst"
+    s = run_json(capsys, "create", "--tokens", vectors_dir / "small-static.tokens.i32", "-lcs", out)
+    assert s["format"] == "ngst" and s["keys"] == 79_343 and s["total_count"] == 248_750
+    table = ngramcache.StaticTable.open(out)
+    ref = NgramCache.load(vectors_dir / "static-small.lcs.bin")
+    for key, part in list(ref.items())[:2000]:
+        assert table.get(key) == part
+    # Exporting gives back llama.cpp's counts exactly.
+    rc, _, err = run_cli(capsys, "convert", out, tmp_path / "back.bin", "-q")
+    assert rc == 0, err
+    assert canonical_sha(tmp_path / "back.bin") == cache_stats(vectors_dir)["static-small.lcs.bin"]["sha256_canonical"]

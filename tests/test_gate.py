@@ -1,0 +1,101 @@
+"""AdaptiveGate and expected_rate: how many drafted tokens to verify, learnt from what was
+accepted, alone and inside a drafter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ngramcache import AdaptiveGate, LookupDrafter
+from ngramcache.gate import expected_rate
+
+
+def test_gate_skips_when_verification_is_dear_and_drafts_are_poor():
+    g = AdaptiveGate([1.0, 1.9, 2.8, 3.7], prior=(1, 4))
+    s = g.state(3, 2)
+    assert g.choose(s, 3) == 0
+    # cheap verification: even a poor draft pays
+    g2 = AdaptiveGate([1.0, 1.02, 1.04, 1.06], prior=(1, 4))
+    assert g2.choose(s, 3) == 2  # p = 0.2: E = 1.2, 1.24, 1.248 over cost 1.02, 1.04, 1.06
+    g3 = AdaptiveGate([1.0, 1.0, 1.0, 1.0], prior=(1, 4))
+    assert g3.choose(s, 3) == 3  # free verification: take everything
+    g4 = AdaptiveGate([1.0, 1.1], prior=(1, 4), min_gain=0.1)
+    assert g4.choose(s, 1) == 0  # 1.2 / 1.1 = 1.09 does not beat plain by 10%
+    assert AdaptiveGate([1.0, 1.1], prior=(1, 4), min_gain=0.0).choose(s, 1) == 1
+
+
+def test_gate_learns_and_draft_length_follows_acceptance():
+    costs = [1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8, 3.1, 3.4]
+    g = AdaptiveGate(costs, prior=(1, 4))
+    s = g.state(8, 1)
+    assert g.choose(s, 8) == 0
+    for _ in range(50):
+        g.observe(s, 8, 8)  # always entirely right
+    assert g.choose(s, 8) == 8
+    for _ in range(200):
+        g.observe(s, 2, 3)  # right twice, then wrong
+    k = g.choose(s, 8)
+    assert k == 2
+    for _ in range(200):
+        g.observe(s, 0, 1)  # always wrong
+    assert g.choose(s, 8) == 0
+
+
+def test_gate_states_are_separate_but_pooled():
+    g = AdaptiveGate([1.0, 1.4, 1.8], shrink=4.0)
+    a, b = g.state(8, 1), g.state(1, 0)
+    assert a != b
+    for _ in range(100):
+        g.observe(a, 2, 2)
+        g.observe(b, 0, 1)
+    pa, pb = g.probabilities(a, 2), g.probabilities(b, 2)
+    assert pa[0] > 0.9 and pb[0] < 0.1
+    # an unseen state starts from the pooled estimate
+    pc = g.probabilities(g.state(4, 2), 2)
+    assert 0.3 < pc[0] < 0.7
+
+
+def test_gate_choice_maximises_expected_rate():
+    costs = [1.0, 1.1, 1.25, 1.5, 2.0]
+    g = AdaptiveGate(costs, shrink=0.0, min_gain=0.0)
+    s = g.state(4, 1)
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        n = int(rng.integers(0, 5))
+        g.observe(s, n, min(n + 1, 4))
+    p = g.probabilities(s, 4)
+    k = g.choose(s, 4)
+    rates = [expected_rate(p, costs, j) for j in range(5)]
+    assert k == int(np.argmax(rates))
+
+
+def test_gated_drafter_learns_while_skipping():
+    # dear verification: the gate starts by skipping, but scores its declined
+    # proposals against what followed, and starts drafting once they prove right
+    seq = np.tile(np.arange(20, dtype=np.int32), 30)
+    g = AdaptiveGate([1.0, 1.6, 2.2, 2.8, 3.4], prior=(1, 4))
+    d = LookupDrafter(n_draft=4, gate=g)
+    d.reset(seq[:5])
+    n = 5
+    lens = []
+    while n < seq.size - 5:
+        p = d.propose(4)
+        lens.append(p.size)
+        k = 0
+        while k < p.size and p[k] == seq[n + k]:
+            k += 1
+        d.accept(seq[n : n + k + 1])
+        n += k + 1
+    assert lens[0] == 0
+    assert d.stats.skipped > 0
+    assert lens[-1] == 4 and d.stats.acceptance > 0.9
+
+
+def test_gate_bad_arguments():
+    for bad in ([], [1.0, -1.0], [0.0], [[1.0]], [1.0, float("nan")]):
+        with pytest.raises(ValueError):
+            AdaptiveGate(bad)
+    with pytest.raises(ValueError):
+        AdaptiveGate([1.0], decay=0)
+    with pytest.raises(ValueError):
+        AdaptiveGate([1.0], prior=(0, 1))

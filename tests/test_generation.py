@@ -1,0 +1,298 @@
+"""The speculative loop (generate, stream, Sampler) against a deterministic fake model:
+whatever is drafted, the output must be exactly what plain decoding gives, and the KV
+bookkeeping must stay consistent through every rollback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import PROMPT, V, next_token, reference
+from ngramcache import AdaptiveGate, CopyDrafter, DraftStats, LookupDrafter, NgramCache, OracleDrafter
+from ngramcache.llama import generate, stream
+
+
+class FakeModel:
+    """A Backend whose logits at a position depend only on the prefix up to it
+    (batched or not). It checks the loop's positions: every decode must append at
+    the current end, and logits may only be read where they were asked for."""
+
+    def __init__(self, n_ctx: int = 1024, n_batch: int = 16, eos: int | None = None, peaked: bool = True):
+        self.n_vocab = V
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.eos = eos
+        self.peaked = peaked
+        self.kv: list[int] = []
+        self.rows: dict[int, np.ndarray] = {}
+        self.decodes: list[int] = []  # batch sizes
+
+    def row_for(self, prefix: list[int]) -> np.ndarray:
+        t = next_token(prefix)
+        if self.peaked:
+            row = np.zeros(V, dtype=np.float32)
+            row[t] = 10.0
+            return row
+        # a broad distribution whose mode is still t
+        rng = np.random.default_rng(len(prefix) * 1000 + sum(prefix[-4:]))
+        row = rng.normal(0, 0.5, V).astype(np.float32)
+        row[t] += 4.0
+        return row
+
+    def tokenize(self, prompt):
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            return np.frombuffer(prompt.encode(), dtype=np.uint8).astype(np.int32) % V
+        return np.asarray(prompt, dtype=np.int32)
+
+    def clear(self):
+        self.kv = []
+        self.rows = {}
+
+    def decode(self, tokens, pos0, logits_from):
+        assert pos0 == len(self.kv), f"decode at {pos0} but the cache holds {len(self.kv)}"
+        assert 0 < len(tokens) <= max(self.n_batch, 1)
+        self.decodes.append(len(tokens))
+        self.rows = {}
+        for i, t in enumerate(tokens):
+            self.kv.append(int(t))
+            if i >= logits_from:
+                self.rows[i] = self.row_for(self.kv)
+        assert len(self.kv) <= self.n_ctx
+
+    def logits(self, i):
+        return self.rows[i]
+
+    def truncate(self, pos):
+        assert 0 <= pos <= len(self.kv)
+        del self.kv[pos:]
+
+    def is_eog(self, tok):
+        return tok == self.eos
+
+    def piece(self, tok):
+        return f"<{tok}>".encode()
+
+
+class RejectingDrafter:
+    """Proposes the model's true continuation with one token corrupted, the corrupted
+    position cycling 0, 1, 2, ... so that rejection (and rollback) happens at every
+    draft position; every few steps it proposes the uncorrupted continuation."""
+
+    def __init__(self, n_draft: int = 6):
+        self.n_draft = n_draft
+        self.seq: list[int] = []
+        self.step = 0
+        self._stats = DraftStats()
+
+    @property
+    def stats(self):
+        return self._stats
+
+    def reset(self, prompt_tokens):
+        self.seq = [int(t) for t in prompt_tokens]
+
+    def propose(self, n_max):
+        n = min(n_max, self.n_draft)
+        s = list(self.seq)
+        d = []
+        for _ in range(n):
+            t = next_token(s)
+            d.append(t)
+            s.append(t)
+        j = self.step % (self.n_draft + 1)
+        self.step += 1
+        if j < len(d):
+            d[j] = (d[j] + 1) % V
+        return np.asarray(d, dtype=np.int32)
+
+    def accept(self, tokens):
+        self.seq.extend(int(t) for t in tokens)
+
+
+DRAFTER_SETTINGS = [
+    dict(n_draft=1), dict(n_draft=2), dict(n_draft=3), dict(n_draft=8), dict(n_draft=15),
+    dict(n_draft=4, ngram_min=2, ngram_max=4), dict(n_draft=4, ngram_min=1, ngram_max=2),
+    dict(n_draft=4, ngram_min=3, ngram_max=3), dict(n_draft=0),
+]
+
+
+@pytest.mark.parametrize("kw", DRAFTER_SETTINGS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_lookup_output_equals_plain(kw):
+    want = reference(PROMPT, 150)
+    fm = FakeModel()
+    plain = generate(fm, PROMPT, None, 150)
+    assert plain.tokens.tolist() == want
+    assert fm.decodes[:3] == [16, 16, 8] and set(fm.decodes[3:]) == {1}
+    fm = FakeModel()
+    r = generate(fm, PROMPT, LookupDrafter(**kw), 150)
+    assert r.tokens.tolist() == want
+    # the cache holds the prompt and every generated token but the last
+    assert fm.kv == PROMPT + want[:-1]
+    assert r.accepted <= r.drafted
+    assert sum(r.accept_lengths) == r.accepted
+    assert r.n_tokens == len(r.accept_lengths) + r.accepted + 1
+    if kw["n_draft"] >= 2:
+        assert r.drafted > r.accepted > 0  # both acceptance and rejection happened
+
+
+def test_dynamic_static_and_gated_drafters_equal_plain():
+    want = reference(PROMPT, 200)
+    dyn = NgramCache()
+    dyn.update(reference(PROMPT[:20], 300))
+    static = NgramCache()
+    static.update([(i * 11) % V for i in range(500)], 2, 2)
+    gate = AdaptiveGate([1.0, 1.1, 1.2, 1.3, 1.5, 1.6, 1.8, 2.0, 2.2])
+    for drafter in (LookupDrafter(dynamic=dyn), LookupDrafter(static=static),
+                    LookupDrafter(dynamic=dyn, static=static, n_draft=5),
+                    LookupDrafter(gate=gate), LookupDrafter(gate=AdaptiveGate([1.0, 5.0, 9.0]), n_draft=2),
+                    CopyDrafter(), CopyDrafter(gate=AdaptiveGate([1.0, 1.1, 1.2, 1.3, 1.5]), n_draft=4),
+                    CopyDrafter(static=static, dynamic=dyn, min_match=3, n_draft=12)):
+        fm = FakeModel()
+        r = generate(fm, PROMPT, drafter, 200)
+        assert r.tokens.tolist() == want, drafter
+        assert fm.kv == PROMPT + want[:-1]
+
+
+def test_rejection_at_every_draft_position():
+    want = reference(PROMPT, 300)
+    fm = FakeModel()
+    d = RejectingDrafter(n_draft=6)
+    r = generate(fm, PROMPT, d, 300)
+    assert r.tokens.tolist() == want
+    assert fm.kv == PROMPT + want[:-1]
+    # rejected at position 0..5 and fully accepted (6) all occurred
+    assert set(r.accept_lengths) == set(range(7))
+
+
+def test_oracle_is_always_right():
+    want = reference(PROMPT, 100)
+    fm = FakeModel()
+    r = generate(fm, PROMPT, OracleDrafter(want, n_draft=8), 100)
+    assert r.tokens.tolist() == want
+    assert r.accepted == r.drafted > 0
+    assert all(a == 8 for a in r.accept_lengths[:-1])
+
+
+def test_max_tokens_exact_and_zero():
+    for n in (0, 1, 2, 5, 9, 17):
+        fm = FakeModel()
+        r = generate(fm, PROMPT, OracleDrafter(reference(PROMPT, 40), n_draft=8), n)
+        assert r.tokens.tolist() == reference(PROMPT, n)
+
+
+def test_eos_inside_accepted_draft():
+    want = reference(PROMPT, 200)
+    eos = want[57]  # some token that appears mid-way
+    stop = want.index(eos)
+    fm = FakeModel(eos=eos)
+    r = generate(fm, PROMPT, OracleDrafter(want, n_draft=8), 200)
+    assert r.tokens.tolist() == want[: stop + 1]
+    assert r.stop_reason == "eos"
+    r2 = generate(FakeModel(eos=eos), PROMPT, None, 200)
+    assert r2.tokens.tolist() == r.tokens.tolist()
+    r3 = generate(FakeModel(eos=eos), PROMPT, None, 200, stop_at_eos=False)
+    assert r3.tokens.tolist() == want
+
+
+def test_context_limit_same_as_plain():
+    fm = FakeModel(n_ctx=len(PROMPT) + 30)
+    plain = generate(fm, PROMPT, None, 100)
+    fm = FakeModel(n_ctx=len(PROMPT) + 30)
+    spec = generate(fm, PROMPT, LookupDrafter(n_draft=8), 100)
+    assert plain.stop_reason == spec.stop_reason == "context"
+    assert spec.tokens.tolist() == plain.tokens.tolist() == reference(PROMPT, plain.n_tokens)
+
+
+def test_prompt_longer_than_batch_and_draft_capped_by_batch():
+    prompt = [(i * 13 + 5) % V for i in range(100)]
+    fm = FakeModel(n_batch=4)
+    r = generate(fm, prompt, LookupDrafter(n_draft=12), 120)
+    assert r.tokens.tolist() == reference(prompt, 120)
+    assert max(fm.decodes) <= 4
+
+
+def test_every_token_is_argmax_of_its_row():
+    rows = {}
+
+    def on_logits(i, row):
+        rows.setdefault(i, []).append(int(np.argmax(row)))
+
+    fm = FakeModel(peaked=False)
+    r = generate(fm, PROMPT, LookupDrafter(n_draft=6), 120, on_logits=on_logits)
+    for i, t in enumerate(r.tokens.tolist()):
+        assert rows[i][-1] == t
+    assert r.tokens.tolist() == reference(PROMPT, 120)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_sampling_same_text_with_or_without_drafts(temperature):
+    outs = []
+    for drafter in (None, LookupDrafter(n_draft=4), RejectingDrafter(5), LookupDrafter(n_draft=1)):
+        fm = FakeModel(peaked=False)
+        r = generate(fm, PROMPT, drafter, 120, temperature=temperature, seed=1234)
+        outs.append(r.tokens.tolist())
+        assert fm.kv == PROMPT + outs[-1][:-1]
+    assert all(o == outs[0] for o in outs)
+    other = generate(FakeModel(peaked=False), PROMPT, None, 120, temperature=temperature, seed=99)
+    assert other.tokens.tolist() != outs[0]
+    assert outs[0] != reference(PROMPT, 120)  # it did sample, not argmax
+
+
+def test_sampler_follows_the_distribution():
+    from ngramcache.generation import Sampler
+
+    row = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
+    s = Sampler(1.0, 0, 1.0, seed=7)
+    n = 20000
+    counts = np.bincount([s(row) for _ in range(n)], minlength=4) / n
+    assert np.allclose(counts, [0.5, 0.3, 0.15, 0.05], atol=0.015)
+    s = Sampler(1.0, 2, 1.0, seed=7)  # top_k=2 renormalises over the best two
+    counts = np.bincount([s(row) for _ in range(n)], minlength=4) / n
+    assert np.allclose(counts, [0.625, 0.375, 0, 0], atol=0.015)
+    s = Sampler(1.0, 0, 0.7, seed=7)  # top_p=0.7: smallest set with mass >= 0.7
+    counts = np.bincount([s(row) for _ in range(n)], minlength=4) / n
+    assert np.allclose(counts, [0.625, 0.375, 0, 0], atol=0.015)
+
+
+def test_stream_pieces_and_callbacks():
+    seen = []
+    st = stream(FakeModel(), PROMPT, LookupDrafter(n_draft=5), 60,
+                on_tokens=lambda toks, n_ok: seen.append((list(toks), n_ok)))
+    pieces = list(st)
+    assert "".join(pieces) == st.result.text
+    assert [t for toks, _ in seen for t in toks] == st.result.tokens.tolist()
+    assert sum(n for _, n in seen) == st.result.accepted
+    assert st.result.text == "".join(f"<{t}>" for t in reference(PROMPT, 60))
+
+
+def test_clocks_and_result_fields():
+    r = generate(FakeModel(), PROMPT, LookupDrafter(), 80)
+    assert 0 <= r.t_prompt <= r.t_total
+    assert r.t_draft >= 0 and r.t_verify > 0
+    assert r.t_prompt + r.t_draft + r.t_verify <= r.t_total * 1.01 + 1e-3
+    assert r.n_prompt == len(PROMPT)
+    assert r.gen_tokens_per_s > 0 and r.e2e_tokens_per_s > 0
+    assert 0 <= r.acceptance <= 1
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="empty"):
+        generate(FakeModel(), "", None, 10)
+    with pytest.raises(ValueError, match="empty"):
+        generate(FakeModel(), [], None, 10)
+    with pytest.raises(ValueError, match="max_tokens"):
+        generate(FakeModel(), PROMPT, None, -1)
+    with pytest.raises(ValueError, match="temperature"):
+        generate(FakeModel(), PROMPT, None, 5, temperature=-0.5)
+    with pytest.raises(ValueError, match="top_p"):
+        generate(FakeModel(), PROMPT, None, 5, temperature=1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="too long"):
+        generate(FakeModel(n_ctx=10), PROMPT, None, 5)
+    with pytest.raises(TypeError, match="Drafter"):
+        generate(FakeModel(), PROMPT, object(), 5)
+    with pytest.raises(TypeError, match="Backend"):
+        generate(object(), PROMPT, None, 5)
+    with pytest.raises(ValueError, match="n_draft"):
+        LookupDrafter(n_draft=-1)

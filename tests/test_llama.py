@@ -1,0 +1,107 @@
+"""The llama-cpp-python side without a model: LlamaDrafter (llama-cpp-python's draft-model
+interface over a Drafter) and the on-disk store of calibrated verification costs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import PROMPT, reference
+from ngramcache import DraftStats, LookupDrafter
+from ngramcache.llama import LlamaDrafter, load_costs, store_costs
+
+
+# --- LlamaDrafter: prefix detection ----------------------------------------------------
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+        self._stats = DraftStats()
+        self.n_draft = 3
+
+    @property
+    def stats(self):
+        return self._stats
+
+    def reset(self, prompt_tokens):
+        self.calls.append(("reset", list(np.asarray(prompt_tokens).tolist())))
+
+    def propose(self, n_max):
+        self.calls.append(("propose", n_max))
+        return np.array([7, 8, 9][:n_max], dtype=np.int32)
+
+    def accept(self, tokens):
+        self.calls.append(("accept", list(np.asarray(tokens).tolist())))
+
+
+def test_adapter_detects_new_and_rewound_tokens():
+    rec = Recorder()
+    ad = LlamaDrafter(rec)
+    buf = np.zeros(64, dtype=np.intc)  # llama-cpp-python passes views of one buffer
+    buf[:4] = [1, 2, 3, 4]
+    out = ad(buf[:4])
+    assert out.dtype == np.intc and out.tolist() == [7, 8, 9]
+    buf[4:7] = [7, 8, 5]  # two drafts accepted, then the model's own token
+    ad(buf[:7])
+    buf[7] = 6
+    ad(buf[:8])
+    ad(buf[:8])  # nothing new
+    buf[:3] = [1, 2, 99]  # a new request sharing only a prefix
+    ad(buf[:5])
+    assert rec.calls == [
+        ("reset", [1, 2, 3, 4]), ("propose", 3),
+        ("accept", [7, 8, 5]), ("propose", 3),
+        ("accept", [6]), ("propose", 3),
+        ("propose", 3),
+        ("reset", [1, 2, 99, 4, 7]), ("propose", 3),
+    ]
+    assert ad.resets == 1
+
+
+def test_adapter_feeds_lookup_drafter_incrementally():
+    seq = reference(PROMPT, 300)
+    full = np.asarray(PROMPT + seq, dtype=np.intc)
+    a = LlamaDrafter(LookupDrafter(n_draft=4))
+    b = LookupDrafter(n_draft=4)
+    b.reset(full[: len(PROMPT)])
+    n = len(PROMPT)
+    first = True
+    while n < full.size:
+        got = a(full[:n])
+        if not first:
+            b.accept(full[prev:n])
+        first = False
+        want = b.propose(4)
+        assert got.tolist() == want.tolist()
+        prev = n
+        n += 1 + (n % 3)
+    assert a.resets == 0
+
+
+def test_adapter_rejects_non_drafters():
+    with pytest.raises(TypeError):
+        LlamaDrafter(object())
+    with pytest.raises(ValueError):
+        LlamaDrafter(LookupDrafter(), n_max=-2)
+
+
+# --- the cost store --------------------------------------------------------------------
+
+def test_costs_are_kept_on_disk(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 10)
+    cache = tmp_path / "c" / "costs.json"
+    assert load_costs(str(model), 2, 2, str(cache)) is None
+    store_costs(str(model), 2, 2, [0.01, 0.012], str(cache))
+    store_costs(str(model), 1, 2, [0.02, 0.03], str(cache))
+    assert load_costs(str(model), 2, 2, str(cache)) == [0.01, 0.012]
+    assert load_costs(str(model), 1, 2, str(cache)) == [0.02, 0.03]
+    model.write_bytes(b"y" * 11)  # a different file: recalibrate
+    assert load_costs(str(model), 2, 2, str(cache)) is None
+    cache.write_text("{not json")
+    assert load_costs(str(model), 2, 2, str(cache)) is None
+    store_costs(str(model), 2, 2, [0.5], str(cache))  # a damaged file is replaced
+    assert json.loads(cache.read_text())
+    assert [p.name for p in cache.parent.iterdir()] == ["costs.json"]
