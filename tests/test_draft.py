@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import ngramcache as nc
 import reference as ref
+from ngramcache import NgramCache
 from conftest import FAST, INT32_MAX, SLOW, alphabets, assert_same, build, image, records, size_ranges, streams
 
 
@@ -197,3 +198,19 @@ def test_hypothesis_streams_hit_ties_and_thresholds():
                 fails += 1
         drafted += len(ref.draft(toks[:pos], 4, ctx))
     assert ties > 10 and fails > 10 and drafted > 100
+
+
+def test_checked_paths_equal_the_public_ones(prose):
+    """The drafters' per-step calls (arguments validated once, up front) give exactly what
+    the public draft() and update() give."""
+    from ngramcache.draft import draft_checked
+
+    tokens = np.asarray(prose[:3000], dtype=np.int32)
+    a, b = NgramCache(), NgramCache()
+    for i in range(1, tokens.size + 1):
+        a.update(tokens[:i], 1, 4, nnew=1)
+        b.update_checked(tokens[:i], 1, 4, 1)
+        if i % 7 == 0:
+            assert draft_checked(tokens[:i], 8, b, None, None, 1, 4).tolist() == nc.draft(tokens[:i], 8, a).tolist()
+    assert a.arrays()[0].tolist() == b.arrays()[0].tolist()
+    assert [x.tolist() for x in a.arrays()] == [x.tolist() for x in b.arrays()]

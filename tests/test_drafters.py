@@ -82,13 +82,13 @@ def test_work_per_step_does_not_grow_with_length(monkeypatch):
     seen = []
     d = LookupDrafter()
     d.reset(stdlib_tokens(5000))
-    orig = NgramCache.update
+    orig = NgramCache.update_checked
 
     def spy(self, tokens, a, b, nnew):
         seen.append((tokens.size, nnew))
         return orig(self, tokens, a, b, nnew)
 
-    monkeypatch.setattr(NgramCache, "update", spy)
+    monkeypatch.setattr(NgramCache, "update_checked", spy)
     d.accept([1, 2, 3])
     d.accept([4])
     assert seen == [(5003, 3), (5004, 1)]
@@ -137,6 +137,8 @@ def test_bad_arguments():
         LookupDrafter(dynamic={})
     with pytest.raises(TypeError, match="gate"):
         LookupDrafter(gate=[1.0])
+    with pytest.raises(TypeError, match="static"):
+        LookupDrafter(static={(1, 2): {3: 1}})
     with pytest.raises(ValueError, match="negative"):
         LookupDrafter().reset([1, -2])
     with pytest.raises(ValueError):

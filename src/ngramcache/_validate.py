@@ -67,6 +67,19 @@ def tail(tokens, n: int):
     return tokens
 
 
+_INT32 = np.dtype(np.int32)
+
+
+def tail_tokens(tokens, n: int, name: str = "tokens") -> np.ndarray:
+    """``as_tokens(tail(tokens, n))``, with a short path for what drafting loops pass at
+    every step (a 1-D int32 array): a view of its last ``n`` ids, checked in one call."""
+    if type(tokens) is np.ndarray and tokens.dtype is _INT32 and tokens.ndim == 1:
+        t = tokens[-n:] if tokens.shape[0] > n else tokens
+        if t.flags.c_contiguous and (t.shape[0] == 0 or min(t.tolist()) >= 0):
+            return t
+    return as_tokens(tail(tokens, n), name)
+
+
 def _name_bad_element(seq, name: str) -> None:
     """numpy turns Python ints beyond int64 into object or float64 arrays; name the first
     element that is not a valid token id instead of blaming the dtype."""

@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from . import _core
-from ._validate import as_tokens, check_int, check_ngram_sizes, tail
+from ._validate import as_tokens, check_int, check_ngram_sizes, tail_tokens
 
 CacheFormatError = _core.CacheFormatError
 
@@ -41,7 +41,14 @@ class NgramCache:
         else:
             # Only the last nnew + ngram_max tokens take part: validating and passing just
             # those makes an incremental update O(nnew), not O(len(tokens)).
-            self._impl.update(as_tokens(tail(tokens, nnew + ngram_max)), ngram_min, ngram_max, nnew)
+            self.update_checked(tail_tokens(tokens, nnew + ngram_max), ngram_min, ngram_max, nnew)
+
+    def update_checked(self, tokens: np.ndarray, ngram_min: int, ngram_max: int, nnew: int) -> None:
+        """``update(tokens, ngram_min, ngram_max, nnew)`` for callers that validated
+        everything already (``tokens`` a 1-D int32 array of ids >= 0, the sizes and
+        ``nnew`` as ``update`` checks them): drafters, whose tokens are checked once when
+        they arrive, keep their context cache current with it at every step."""
+        self._impl.update(tokens[-(nnew + ngram_max):], ngram_min, ngram_max, nnew)
 
     def get(self, ngram) -> dict[int, int]:
         """The continuations of ``ngram`` (1-4 token ids) as {token: count}, in first-seen

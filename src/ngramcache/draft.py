@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _core
-from ._validate import NGRAM_MAX, as_tokens, check_int, check_ngram_sizes, tail
+from ._validate import NGRAM_MAX, check_int, check_ngram_sizes, tail_tokens
 from .cache import NgramCache
 from .static_table import StaticTable
 
@@ -34,12 +34,18 @@ def draft(tokens, n_draft: int, context: NgramCache, dynamic: NgramCache | None 
         raise TypeError(f"context must be an NgramCache, got {type(context).__name__}")
     if dynamic is not None and not isinstance(dynamic, NgramCache):
         raise TypeError(f"dynamic must be an NgramCache or None, got {type(dynamic).__name__}")
-    if static is not None:
-        if not isinstance(static, (StaticTable, NgramCache)):
-            raise TypeError(f"static must be an NgramCache, a StaticTable or None, got {type(static).__name__}")
-        static = static._impl
+    if static is not None and not isinstance(static, (StaticTable, NgramCache)):
+        raise TypeError(f"static must be an NgramCache, a StaticTable or None, got {type(static).__name__}")
     # Drafting reads only the newest 4 tokens (the longest key): validating and passing
     # just those keeps a draft step O(1) in the context length.
-    arr = as_tokens(tail(tokens, NGRAM_MAX))
-    return _core.draft(arr, n_draft, context._impl, None if dynamic is None else dynamic._impl, static,
-                       ngram_min, ngram_max)
+    return draft_checked(tail_tokens(tokens, NGRAM_MAX), n_draft, context, dynamic, static, ngram_min, ngram_max)
+
+
+def draft_checked(tokens: np.ndarray, n_draft: int, context: NgramCache, dynamic: NgramCache | None,
+                  static, ngram_min: int, ngram_max: int) -> np.ndarray:
+    """``draft`` for callers that validated everything already: ``tokens`` a 1-D int32
+    array of ids >= 0, the rest as ``draft`` checks them. Drafters check their settings
+    once when made and their tokens once when they arrive, so their steps call this and
+    skip the per-call checks (about 1 us, a tenth of a drafting step)."""
+    return _core.draft(tokens[-NGRAM_MAX:], n_draft, context._impl, None if dynamic is None else dynamic._impl,
+                       None if static is None else static._impl, ngram_min, ngram_max)

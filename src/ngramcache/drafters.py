@@ -22,8 +22,9 @@ import numpy as np
 
 from ._validate import as_tokens, check_int, check_ngram_sizes
 from .cache import NgramCache
-from .draft import draft
+from .draft import draft_checked
 from .gate import AdaptiveGate
+from .static_table import StaticTable
 
 __all__ = ["Drafter", "DraftStats", "LookupDrafter", "CopyDrafter", "OracleDrafter"]
 
@@ -117,6 +118,8 @@ class LookupDrafter:
             raise TypeError(f"dynamic must be an NgramCache or None, got {type(dynamic).__name__}")
         if gate is not None and not isinstance(gate, AdaptiveGate):
             raise TypeError(f"gate must be an AdaptiveGate or None, got {type(gate).__name__}")
+        if static is not None and not isinstance(static, (NgramCache, StaticTable)):
+            raise TypeError(f"static must be an NgramCache, a StaticTable or None, got {type(static).__name__}")
         self.static = static
         self.dynamic = dynamic
         self.n_draft = n_draft
@@ -190,8 +193,8 @@ class LookupDrafter:
     def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
         """(proposal, confidence length, source) for the gate."""
         # draft() reads only the newest tokens, whatever the length of the sequence
-        cand = draft(self._buf.view(), n, self.context, self.dynamic, self.static,
-                     self.ngram_min, self.ngram_max)
+        cand = draft_checked(self._buf.view(), n, self.context, self.dynamic, self.static,
+                             self.ngram_min, self.ngram_max)
         return cand, int(cand.size), 0
 
     def accept(self, tokens) -> None:
@@ -212,7 +215,7 @@ class LookupDrafter:
             self._first = None
             self._buf.extend(new)
             # only the n-grams ending in the new tokens: O(new tokens)
-            self.context.update(self._buf.view(), self.ngram_min, self.ngram_max, nnew=int(new.size))
+            self.context.update_checked(self._buf.view(), self.ngram_min, self.ngram_max, int(new.size))
             self._appended(int(new.size))
             if self._pending:
                 self._score_pending()
