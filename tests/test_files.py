@@ -84,3 +84,25 @@ def test_expand_inputs(tmp_path):
     assert [s.name for s in skipped] == ["blob.bin"]
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         F.expand_inputs([tmp_path / "nope.txt"])
+
+
+def test_atomic_open_names_the_target_when_its_folder_is_missing(tmp_path):
+    target = tmp_path / "no-such-folder" / "out.png"
+    with pytest.raises(FileNotFoundError) as err:
+        with F.atomic_open(target) as f:
+            f.write(b"x")
+    assert err.value.filename == str(target) and ".tmp" not in str(err.value)
+    assert not target.parent.exists()
+
+
+def test_atomic_open_replaces_and_leaves_no_temporary_file(tmp_path):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with F.atomic_open(target) as f:
+            f.write(b"half")
+            raise RuntimeError("interrupted")
+    assert target.read_bytes() == b"old"
+    with F.atomic_open(target) as f:
+        f.write(b"new")
+    assert target.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]

@@ -160,7 +160,10 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
     the temporary file is removed and ``path`` is left as it was."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    except OSError as e:  # name the file asked for, not the hidden temporary one
+        raise type(e)(e.errno, e.strerror, path) from None
     try:
         with os.fdopen(fd, mode, encoding=encoding) as f:
             yield f
