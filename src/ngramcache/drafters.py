@@ -26,7 +26,7 @@ from .draft import draft_checked
 from .gate import AdaptiveGate
 from .static_table import StaticTable
 
-__all__ = ["Drafter", "DraftStats", "LookupDrafter", "CopyDrafter", "OracleDrafter"]
+__all__ = ["Drafter", "DraftStats", "SequenceDrafter", "LookupDrafter", "CopyDrafter", "OracleDrafter"]
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 
@@ -94,39 +94,26 @@ class _TokenBuffer:
 
 
 # ---------------------------------------------------------------------------------
-# llama.cpp's lookup drafter
+# the common part of every drafter that follows the verified sequence
 
 
-class LookupDrafter:
-    """llama.cpp's lookup decoding as a ``Drafter``.
+class SequenceDrafter:
+    """The bookkeeping every sequence-following drafter shares: the verified tokens,
+    the counters, and the adaptive gate (what the gate was told, and scoring each
+    proposal against what really followed).
 
-    Drafts from the context cache (n-grams of the current sequence, kept current
-    incrementally), then the ``dynamic`` cache (an ``NgramCache``, e.g. loaded from a
-    ``-lcd`` file), then the ``static`` table (an ``NgramCache`` or a ``StaticTable``),
-    exactly as ``common_ngram_cache_draft``. Per step the work is proportional to the
-    tokens accepted, never to the length of the sequence.
-
-    With a ``gate`` (an ``AdaptiveGate``), ``propose`` returns only as much of the
-    lookup's proposal as is expected to pay for its verification, often nothing.
+    A subclass provides three hooks: ``_reset_index()`` (the buffer was refilled from
+    scratch), ``_appended(n_new)`` (``n_new`` verified tokens were appended) and
+    ``_candidates(n) -> (tokens, confidence, source)``: up to ``n`` proposed tokens,
+    the confidence the gate keys on (a proposal or match length) and the gate source
+    (see ``AdaptiveGate.state``).
     """
 
-    def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = 8,
-                 ngram_min: int = 1, ngram_max: int = 4, gate: AdaptiveGate | None = None):
-        n_draft = check_int("n_draft", n_draft, 0)
-        ngram_min, ngram_max = check_ngram_sizes(ngram_min, ngram_max)
-        if dynamic is not None and not isinstance(dynamic, NgramCache):
-            raise TypeError(f"dynamic must be an NgramCache or None, got {type(dynamic).__name__}")
+    def __init__(self, n_draft: int, gate: AdaptiveGate | None = None):
+        self.n_draft = check_int("n_draft", n_draft, 0)
         if gate is not None and not isinstance(gate, AdaptiveGate):
             raise TypeError(f"gate must be an AdaptiveGate or None, got {type(gate).__name__}")
-        if static is not None and not isinstance(static, (NgramCache, StaticTable)):
-            raise TypeError(f"static must be an NgramCache, a StaticTable or None, got {type(static).__name__}")
-        self.static = static
-        self.dynamic = dynamic
-        self.n_draft = n_draft
-        self.ngram_min = ngram_min
-        self.ngram_max = ngram_max
         self.gate = gate
-        self.context = NgramCache()
         self._buf = _TokenBuffer()
         self._stats = DraftStats()
         self._last = _EMPTY  # the proposal awaiting verification
@@ -148,20 +135,17 @@ class LookupDrafter:
         return v
 
     def reset(self, prompt_tokens) -> None:
-        """Start a new sequence: the context cache is rebuilt from ``prompt_tokens``."""
+        """Start a new sequence from ``prompt_tokens``."""
         t0 = time.perf_counter()
         arr = as_tokens(prompt_tokens, "prompt_tokens")
-        self.context.clear()
         self._buf.clear()
         self._buf.extend(arr)
-        if arr.size:
-            self.context.update(arr, self.ngram_min, self.ngram_max)
         self._reset_index()
         self._stats = DraftStats(draft_seconds=time.perf_counter() - t0)
         self._last = _EMPTY
         self._pending.clear()
         self._prev = 2
-        self._first: int | None = None
+        self._first = None
 
     def propose(self, n_max: int | None = None) -> np.ndarray:
         """Up to ``min(n_max, n_draft)`` tokens to follow the sequence (``n_max`` None:
@@ -190,16 +174,9 @@ class LookupDrafter:
         self._stats.draft_seconds += time.perf_counter() - t0
         return out
 
-    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
-        """(proposal, confidence length, source) for the gate."""
-        # draft() reads only the newest tokens, whatever the length of the sequence
-        cand = draft_checked(self._buf.view(), n, self.context, self.dynamic, self.static,
-                             self.ngram_min, self.ngram_max)
-        return cand, int(cand.size), 0
-
     def accept(self, tokens) -> None:
         """Append the tokens the verifier settled on since the last call (the accepted
-        drafts and its own next token); the context cache learns their n-grams."""
+        drafts and its own next token)."""
         t0 = time.perf_counter()
         new = as_tokens(tokens)
         if new.size:
@@ -214,8 +191,6 @@ class LookupDrafter:
                 self._prev = 2
             self._first = None
             self._buf.extend(new)
-            # only the n-grams ending in the new tokens: O(new tokens)
-            self.context.update_checked(self._buf.view(), self.ngram_min, self.ngram_max, int(new.size))
             self._appended(int(new.size))
             if self._pending:
                 self._score_pending()
@@ -227,6 +202,10 @@ class LookupDrafter:
 
     def _appended(self, n_new: int) -> None:
         """Hook: ``n_new`` tokens were appended to the buffer."""
+
+    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
+        """Hook: (up to ``n`` proposed tokens, confidence, gate source)."""
+        return _EMPTY, 0, 0
 
     def _score_pending(self) -> None:
         # score each pending proposal on the tokens that arrived since the last call,
@@ -244,6 +223,58 @@ class LookupDrafter:
             if right == eq.size and have < cand.size:
                 keep.append((start, cand, state, have))
         self._pending = keep
+
+
+# ---------------------------------------------------------------------------------
+# llama.cpp's lookup drafter
+
+
+class LookupDrafter(SequenceDrafter):
+    """llama.cpp's lookup decoding as a ``Drafter``.
+
+    Drafts from the context cache (n-grams of the current sequence, kept current
+    incrementally), then the ``dynamic`` cache (an ``NgramCache``, e.g. loaded from a
+    ``-lcd`` file), then the ``static`` table (an ``NgramCache`` or a ``StaticTable``),
+    exactly as ``common_ngram_cache_draft``. Per step the work is proportional to the
+    tokens accepted, never to the length of the sequence.
+
+    With a ``gate`` (an ``AdaptiveGate``), ``propose`` returns only as much of the
+    lookup's proposal as is expected to pay for its verification, often nothing.
+    """
+
+    def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = 8,
+                 ngram_min: int = 1, ngram_max: int = 4, gate: AdaptiveGate | None = None):
+        super().__init__(n_draft, gate)
+        ngram_min, ngram_max = check_ngram_sizes(ngram_min, ngram_max)
+        if dynamic is not None and not isinstance(dynamic, NgramCache):
+            raise TypeError(f"dynamic must be an NgramCache or None, got {type(dynamic).__name__}")
+        if static is not None and not isinstance(static, (NgramCache, StaticTable)):
+            raise TypeError(f"static must be an NgramCache, a StaticTable or None, got {type(static).__name__}")
+        self.static = static
+        self.dynamic = dynamic
+        self.ngram_min = ngram_min
+        self.ngram_max = ngram_max
+        self.context = NgramCache()
+
+    def reset(self, prompt_tokens) -> None:
+        """Start a new sequence: the context cache is rebuilt from ``prompt_tokens``."""
+        super().reset(prompt_tokens)
+
+    def _reset_index(self) -> None:
+        self.context.clear()
+        if self._buf.n:
+            self.context.update_checked(self._buf.view(), self.ngram_min, self.ngram_max, self._buf.n)
+
+    def _appended(self, n_new: int) -> None:
+        # only the n-grams ending in the new tokens: O(new tokens)
+        self.context.update_checked(self._buf.view(), self.ngram_min, self.ngram_max, n_new)
+
+    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
+        """(proposal, confidence length, source) for the gate."""
+        # draft() reads only the newest tokens, whatever the length of the sequence
+        cand = draft_checked(self._buf.view(), n, self.context, self.dynamic, self.static,
+                             self.ngram_min, self.ngram_max)
+        return cand, int(cand.size), 0
 
     def save_dynamic(self, path: str | os.PathLike) -> NgramCache:
         """Merge the context cache into the dynamic cache (creating it if there was
@@ -297,11 +328,16 @@ class CopyDrafter(LookupDrafter):
         self._indexed = 0  # positions < _indexed are in the index
 
     def _reset_index(self) -> None:
+        super()._reset_index()
         self._index = {}
         self._indexed = 0
-        self._appended(0)
+        self._index_new()
 
     def _appended(self, n_new: int) -> None:
+        super()._appended(n_new)
+        self._index_new()
+
+    def _index_new(self) -> None:
         # index every position i (end of a min_match-gram) that has a successor
         seq = self._buf.view()
         m = self.min_match
