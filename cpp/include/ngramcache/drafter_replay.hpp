@@ -1,0 +1,110 @@
+// The replay loop of llama-lookup-stats (replay.hpp) for any drafter of the sequence
+// protocol, so that every drafter can be compared on the same text:
+//
+//   void   reset(const token_t* prompt, size_t n);     start a new sequence
+//   void   accept(const token_t* tokens, size_t n);    verified tokens appended
+//   size_t propose(size_t n_max, token_t* out);        up to n_max proposed tokens
+//
+// The text is cut into chunks of n_ctx tokens as replay.hpp cuts it (a chunk is replayed
+// only when a token follows it). Each chunk is one request: the drafter is reset with the
+// chunk's first token; every step proposes up to n_draft tokens, accepts the longest prefix
+// that matches the text, then the next text token (the one the model would have sampled),
+// and hands the drafter those tokens in one accept call, as a speculative loop does. What a
+// drafter keeps across reset (a shared table, a store of earlier requests) carries from one
+// chunk to the next, as the dynamic cache does in llama-lookup-stats. t_draft_ns times the
+// propose and accept calls only.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ngram.hpp"
+#include "replay.hpp"
+
+namespace ngramcache {
+
+struct DrafterReplayResult {
+    int64_t n_input = 0;
+    int64_t n_ctx = 0;
+    int64_t n_draft = 0;
+    int64_t n_chunks = 0;
+    int64_t n_steps = 0;        // propose calls
+    int64_t n_drafted = 0;
+    int64_t n_accept = 0;
+    int64_t t_draft_ns = 0;     // propose + accept calls
+    int64_t t_replay_ns = 0;    // the whole loop
+    std::vector<int64_t> draft_length_hist;    // [k]: steps that proposed k tokens
+    std::vector<int64_t> accept_length_hist;   // [k]: non-empty proposals with k tokens accepted
+    std::vector<int64_t> drafted_by_position;  // [i]: proposals that reached position i
+    std::vector<int64_t> accepted_by_position; // [i]: proposals whose token i was accepted
+};
+
+template <class Drafter>
+DrafterReplayResult replay_drafter(Drafter& d, const token_t* inp, size_t n_input, const ReplayOptions& opt,
+                                   const ReplayProgress& progress = nullptr) {
+    using clock = std::chrono::steady_clock;
+    if (opt.n_ctx < 2) throw InputError("n_ctx must be >= 2, got " + std::to_string(opt.n_ctx));
+    if (opt.n_draft > kMaxReplayDraft)
+        throw InputError("n_draft must be <= " + std::to_string(kMaxReplayDraft) + ", got " +
+                         std::to_string(opt.n_draft));
+    const size_t n_ctx = opt.n_ctx, n_draft = opt.n_draft;
+
+    DrafterReplayResult r;
+    r.n_input = static_cast<int64_t>(n_input);
+    r.n_ctx = static_cast<int64_t>(n_ctx);
+    r.n_draft = static_cast<int64_t>(n_draft);
+    r.draft_length_hist.assign(n_draft + 1, 0);
+    r.accept_length_hist.assign(n_draft + 1, 0);
+    r.drafted_by_position.assign(n_draft, 0);
+    r.accepted_by_position.assign(n_draft, 0);
+
+    const size_t n_chunks = n_input > n_ctx ? (n_input - 1) / n_ctx : 0;
+    const int64_t total = static_cast<int64_t>(n_chunks * n_ctx);
+    std::vector<token_t> drafted(n_draft + 1);
+    int64_t next_report = kProgressEvery;
+
+    const auto t_loop = clock::now();
+    for (size_t c = 0; c < n_chunks; ++c) {
+        const token_t* slice = inp + c * n_ctx;
+        const int64_t done_before = static_cast<int64_t>(c * n_ctx);
+        auto t0 = clock::now();
+        d.reset(slice, 1);
+        r.t_draft_ns += detail::elapsed_ns(t0);
+        size_t have = 1;  // tokens of the chunk the drafter has seen
+        while (have < n_ctx) {
+            t0 = clock::now();
+            // a drafter may return more than asked; only n_draft are verified
+            const size_t nd = std::min(d.propose(n_draft, drafted.data()), n_draft);
+            r.t_draft_ns += detail::elapsed_ns(t0);
+            ++r.n_steps;
+            r.n_drafted += static_cast<int64_t>(nd);
+            ++r.draft_length_hist[nd];
+            size_t acc = 0;
+            while (acc < nd && have + acc < n_ctx && slice[have + acc] == drafted[acc]) ++acc;
+            for (size_t j = 0; j < nd; ++j) ++r.drafted_by_position[j];
+            for (size_t j = 0; j < acc; ++j) ++r.accepted_by_position[j];
+            r.n_accept += static_cast<int64_t>(acc);
+            if (nd > 0) ++r.accept_length_hist[acc];
+            const size_t n_new = std::min(acc + 1, n_ctx - have);
+            t0 = clock::now();
+            d.accept(slice + have, n_new);
+            r.t_draft_ns += detail::elapsed_ns(t0);
+            have += n_new;
+            const int64_t done = done_before + static_cast<int64_t>(have);
+            if (progress && done >= next_report) {
+                progress(done, total);
+                next_report = done + kProgressEvery;
+            }
+        }
+        ++r.n_chunks;
+    }
+    r.t_replay_ns = detail::elapsed_ns(t_loop);
+    if (progress) progress(total, total);
+    return r;
+}
+
+}  // namespace ngramcache
