@@ -6,12 +6,17 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <stdexcept>
 #include <iterator>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "ngramcache/drafter_replay.hpp"
 #include "ngramcache/lookup_file.hpp"
 #include "ngramcache/shared_cache.hpp"  // caches, drafting and replay under their locks
 #include "ngramcache/static_table.hpp"
@@ -319,6 +324,98 @@ void register_replay(py::module_& m) {
           "update_dynamic"_a, "progress"_a.none(true));
 }
 
+// ---------------------------------------------------------------------------------
+// Drafters of the sequence protocol (drafter_replay.hpp): every one gets the same Python
+// face, so the Python layer wraps them all alike. The per-step calls keep the GIL (they
+// take microseconds, and a drafter's own state must not be touched by two threads at
+// once); replay_drafter releases it for the whole loop and marks the drafter busy, so a
+// call from another thread meanwhile is a RuntimeError rather than a data race.
+
+template <class D>
+struct Bound {
+    template <class... A>
+    explicit Bound(A&&... a) : d(std::forward<A>(a)...) {}
+    D d;
+    std::atomic<bool> busy{false};
+
+    D& use() {
+        if (busy.load(std::memory_order_acquire))
+            throw std::runtime_error("this drafter is being replayed by another thread");
+        return d;
+    }
+};
+
+template <class D>
+py::class_<Bound<D>> bind_sequence_drafter(py::module_& m, const char* name, const char* doc) {
+    using B = Bound<D>;
+    py::class_<B> c(m, name, doc);
+    c.def("reset", [](B& b, const Tokens& t) { b.use().reset(t.data(), len(t)); }, "prompt"_a)
+        .def("accept", [](B& b, const Tokens& t) { b.use().accept(t.data(), len(t)); }, "tokens"_a)
+        .def("propose", [](B& b, size_t n_max) {
+            D& d = b.use();
+            token_t small[64];
+            std::vector<token_t> big(n_max > 64 ? n_max : 0);
+            token_t* out = n_max > 64 ? big.data() : small;
+            const size_t n = std::min(d.propose(n_max, out), n_max);
+            py::array_t<int32_t> result(static_cast<py::ssize_t>(n));
+            if (n) std::memcpy(result.mutable_data(), out, n * sizeof(int32_t));
+            return result;
+        }, "n_max"_a)
+        .def_property_readonly("confidence", [](B& b) { return b.use().confidence(); },
+                               "The last proposal's confidence (a match length), for the adaptive gate.");
+    m.def("replay_drafter", [](B& b, const Tokens& tokens, size_t n_ctx, size_t n_draft, const py::object& progress) {
+        bool expected = false;
+        if (!b.busy.compare_exchange_strong(expected, true, std::memory_order_acq_rel))
+            throw std::runtime_error("this drafter is being replayed by another thread");
+        struct Release {
+            std::atomic<bool>& f;
+            ~Release() { f.store(false, std::memory_order_release); }
+        } release_busy{b.busy};
+        ReplayOptions opt;
+        opt.n_ctx = n_ctx;
+        opt.n_draft = n_draft;
+        ReplayProgress cb = [&](int64_t done, int64_t total) {
+            py::gil_scoped_acquire gil;
+            if (PyErr_CheckSignals() != 0) throw PythonErrorPending{};
+            if (progress.is_none()) return;
+            try {
+                progress(done, total);
+            } catch (py::error_already_set& e) {
+                e.restore();
+                throw PythonErrorPending{};
+            }
+        };
+        try {
+            py::gil_scoped_release release;
+            return replay_drafter(b.d, tokens.data(), len(tokens), opt, cb);
+        } catch (const PythonErrorPending&) {
+            throw py::error_already_set();
+        }
+    }, "drafter"_a, "tokens"_a, "n_ctx"_a, "n_draft"_a, "progress"_a.none(true));
+    return c;
+}
+
+void register_drafter_replay(py::module_& m) {
+    py::class_<DrafterReplayResult> r(m, "DrafterReplayResult", "What replay_drafter() counted.");
+    r.def_readonly("n_input", &DrafterReplayResult::n_input).def_readonly("n_ctx", &DrafterReplayResult::n_ctx)
+        .def_readonly("n_draft", &DrafterReplayResult::n_draft).def_readonly("n_chunks", &DrafterReplayResult::n_chunks)
+        .def_readonly("n_steps", &DrafterReplayResult::n_steps)
+        .def_readonly("n_drafted", &DrafterReplayResult::n_drafted)
+        .def_readonly("n_accept", &DrafterReplayResult::n_accept)
+        .def_readonly("t_draft_ns", &DrafterReplayResult::t_draft_ns)
+        .def_readonly("t_replay_ns", &DrafterReplayResult::t_replay_ns)
+        .def_readonly("draft_length_hist", &DrafterReplayResult::draft_length_hist)
+        .def_readonly("accept_length_hist", &DrafterReplayResult::accept_length_hist)
+        .def_readonly("drafted_by_position", &DrafterReplayResult::drafted_by_position)
+        .def_readonly("accepted_by_position", &DrafterReplayResult::accepted_by_position);
+}
+
+// Each drafter's binding: its constructor and anything beyond the protocol.
+void register_sequence_drafters(py::module_& m) {
+    register_drafter_replay(m);
+    // (drafters are registered here)
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -327,6 +424,7 @@ PYBIND11_MODULE(_core, m) {
     register_cache(m);
     register_static(m);
     register_replay(m);
+    register_sequence_drafters(m);
     m.def("draft", &draft_py, "tokens"_a, "n_draft"_a, "context"_a, "dynamic"_a.none(true), "static"_a.none(true),
           "ngram_min"_a, "ngram_max"_a);
 }

@@ -26,7 +26,7 @@ from .draft import draft_checked
 from .gate import AdaptiveGate
 from .static_table import StaticTable
 
-__all__ = ["Drafter", "DraftStats", "SequenceDrafter", "LookupDrafter", "CopyDrafter", "OracleDrafter"]
+__all__ = ["Drafter", "DraftStats", "SequenceDrafter", "CoreSequenceDrafter", "LookupDrafter", "CopyDrafter", "OracleDrafter"]
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 
@@ -223,6 +223,31 @@ class SequenceDrafter:
             if right == eq.size and have < cand.size:
                 keep.append((start, cand, state, have))
         self._pending = keep
+
+
+class CoreSequenceDrafter(SequenceDrafter):
+    """A ``SequenceDrafter`` whose index and matching live in the compiled core: a
+    ``_core`` object of the sequence protocol (``reset``, ``accept``, ``propose``,
+    ``confidence``) that sees the same verified tokens. A subclass sets ``self._core``
+    in its constructor and the gate source ``_SOURCE`` (see ``AdaptiveGate.state``).
+    ``ngramcache.stats.replay_drafter`` replays such a drafter entirely in C++."""
+
+    _SOURCE = 1
+    _core = None
+
+    def _reset_index(self) -> None:
+        self._core.reset(self._buf.view())
+
+    def _appended(self, n_new: int) -> None:
+        self._core.accept(self._buf.view()[self._buf.n - n_new :])
+
+    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
+        cand = self._core.propose(n)
+        return cand, int(self._core.confidence), self._SOURCE
+
+    def __repr__(self) -> str:
+        gated = ", gated" if self.gate is not None else ""
+        return f"<{type(self).__name__} n_draft={self.n_draft}{gated}, {self._buf.n} tokens>"
 
 
 # ---------------------------------------------------------------------------------
