@@ -1,0 +1,177 @@
+// The copy drafter: when the newest tokens repeat an earlier stretch of the sequence, it
+// proposes what followed that stretch; otherwise it drafts as llama.cpp's lookup does
+// (context cache, then an optional dynamic cache, then an optional static source).
+//
+// The copy: of the earlier places where the last min_match tokens occurred (the newest
+// max_candidates of them), the one whose match extends furthest back wins (up to
+// max_match tokens; the newest wins ties), and the proposal is what followed it, up to
+// the end of the sequence. llama.cpp's lookup picks each drafted token by n-gram counts,
+// which in text being copied (code under edit, a quoted passage) often prefers a
+// continuation seen more often elsewhere; a copy follows one place.
+//
+// Work: appending a token indexes one min_match-gram (O(min_match)) and updates the
+// context cache; a proposal compares at most max_candidates * max_match tokens, or drafts
+// from the caches, whatever the length of the sequence.
+//
+// The context cache may be the caller's (a SharedCache the Python layer also reads, to
+// save it as a dynamic cache); it is then locked for every update, and the dynamic and
+// static caches for every draft, so other threads may read them meanwhile.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "draft.hpp"
+#include "ngram.hpp"
+#include "shared_cache.hpp"
+#include "span_index.hpp"
+
+namespace ngramcache {
+
+struct CopyOptions {
+    int ngram_min = 1;           // the lookup's n-gram sizes
+    int ngram_max = 4;
+    size_t min_match = 2;        // a copy needs the last min_match tokens to have occurred before
+    size_t max_match = 32;       // matches are compared this far back at most
+    size_t max_candidates = 8;   // the newest this many earlier places are compared
+};
+
+class CopyDrafter {
+public:
+    enum Source { lookup = 0, copy = 1 };
+
+    explicit CopyDrafter(const CopyOptions& opt = {}, const SharedCache* dynamic = nullptr,
+                         const StaticSource& st = {}, SharedCache* context = nullptr)
+        : opt_(opt), context_(context != nullptr ? context : &own_context_), dynamic_(dynamic), static_(st) {
+        NgramCache::check_sizes(opt.ngram_min, opt.ngram_max);
+        if (opt.min_match < 1 || opt.max_match < opt.min_match)
+            throw InputError("need 1 <= min_match <= max_match, got " + std::to_string(opt.min_match) + ", " +
+                             std::to_string(opt.max_match));
+        if (opt.max_candidates < 1)
+            throw InputError("max_candidates must be >= 1, got " + std::to_string(opt.max_candidates));
+    }
+    CopyDrafter(const CopyDrafter&) = delete;
+    CopyDrafter& operator=(const CopyDrafter&) = delete;
+
+    void reset(const token_t* prompt, size_t n) {
+        seq_.assign(prompt, prompt + n);
+        heads_.clear();
+        prev_.clear();
+        indexed_ = 0;
+        confidence_ = 0;
+        source_ = lookup;
+        context_->write([&](NgramCache& c) {
+            c.clear();
+            if (n > 0) c.update(seq_.data(), n, opt_.ngram_min, opt_.ngram_max, n);
+        });
+        index_new();
+    }
+
+    void accept(const token_t* tokens, size_t n) {
+        if (n == 0) return;
+        seq_.insert(seq_.end(), tokens, tokens + n);
+        context_->write([&](NgramCache& c) { c.update(seq_.data(), seq_.size(), opt_.ngram_min, opt_.ngram_max, n); });
+        index_new();
+    }
+
+    size_t propose(size_t n_max, token_t* out) {
+        confidence_ = 0;
+        source_ = lookup;
+        if (n_max == 0 || seq_.empty()) return 0;
+        size_t best_pos = 0, best_len = 0;
+        if (find_copy(best_pos, best_len)) {
+            const size_t last = seq_.size() - 1;
+            const size_t n = std::min(n_max, last - best_pos);
+            std::copy(seq_.begin() + static_cast<std::ptrdiff_t>(best_pos + 1),
+                      seq_.begin() + static_cast<std::ptrdiff_t>(best_pos + 1 + n), out);
+            confidence_ = static_cast<int>(best_len);
+            source_ = copy;
+            return n;
+        }
+        const size_t n = draft_shared(seq_.data(), seq_.size(), n_max, opt_.ngram_min, opt_.ngram_max, *context_,
+                                      dynamic_, static_, out);
+        confidence_ = static_cast<int>(n);
+        return n;
+    }
+
+    // The last proposal's confidence for the gate: the copy's match length, or the
+    // lookup proposal's length.
+    int confidence() const { return confidence_; }
+    // Where the last proposal came from (Source: lookup 0, copy 1).
+    int source() const { return source_; }
+
+    void set_dynamic(const SharedCache* dynamic) { dynamic_ = dynamic; }
+    const SharedCache& context() const { return *context_; }
+    const CopyOptions& options() const { return opt_; }
+    const std::vector<token_t>& tokens() const { return seq_; }
+
+    // f(pos) for every indexed position, each min_match-gram's positions oldest first,
+    // the grams in no particular order (for tests and inspection).
+    template <class F>
+    void for_each_indexed(F&& f) const {
+        std::vector<size_t> chain;
+        heads_.for_each([&](size_t head) {
+            chain.clear();
+            for (size_t p = head; p != SpanIndex::npos; p = prev_[p]) chain.push_back(p);
+            for (auto it = chain.rbegin(); it != chain.rend(); ++it) f(*it);
+        });
+    }
+
+private:
+    bool same_run(size_t a, size_t b) const {
+        for (size_t i = 0; i < opt_.min_match; ++i)
+            if (seq_[a - i] != seq_[b - i]) return false;
+        return true;
+    }
+
+    bool find_copy(size_t& best_pos, size_t& best_len) const {
+        const size_t m = opt_.min_match, last = seq_.size() - 1;
+        if (last + 1 < m) return false;
+        size_t pos = heads_.find(hash_span_ending(seq_.data(), last, m), [&](size_t p) { return same_run(p, last); });
+        best_len = 0;
+        for (size_t k = 0; k < opt_.max_candidates && pos != SpanIndex::npos; ++k, pos = prev_[pos]) {
+            const size_t limit = std::min(opt_.max_match, pos + 1);
+            size_t length = m;
+            while (length < limit && seq_[pos - length] == seq_[last - length]) ++length;
+            if (length > best_len) {
+                best_pos = pos;
+                best_len = length;
+            }
+        }
+        return best_len > 0;
+    }
+
+    // Indexes every position that has gained a successor and ends a min_match-gram.
+    void index_new() {
+        const size_t m = opt_.min_match, len = seq_.size();
+        if (len == 0) return;
+        prev_.resize(len - 1, SpanIndex::npos);
+        for (size_t i = std::max(indexed_, m - 1); i + 1 < len; ++i) {
+            bool inserted = false;
+            size_t& head = heads_.find_or_insert(hash_span_ending(seq_.data(), i, m), i,
+                                                 [&](size_t p) { return same_run(p, i); }, inserted);
+            if (!inserted) {
+                prev_[i] = head;
+                head = i;
+            }
+        }
+        if (len - 1 > indexed_) indexed_ = len - 1;
+    }
+
+    CopyOptions opt_;
+    SharedCache own_context_;
+    SharedCache* context_;
+    const SharedCache* dynamic_;
+    StaticSource static_;
+    std::vector<token_t> seq_;
+    SpanIndex heads_;            // min_match-gram -> its newest indexed position (the gram's last token)
+    std::vector<size_t> prev_;   // [pos]: the previous position of the same gram, npos if none
+    size_t indexed_ = 0;         // positions before this one are indexed
+    int confidence_ = 0;
+    int source_ = lookup;
+};
+
+}  // namespace ngramcache
