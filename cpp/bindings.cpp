@@ -16,7 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "ngramcache/copy_drafter.hpp"
 #include "ngramcache/drafter_replay.hpp"
+#include "ngramcache/prompt_lookup.hpp"
 #include "ngramcache/lookup_file.hpp"
 #include "ngramcache/shared_cache.hpp"  // caches, drafting and replay under their locks
 #include "ngramcache/static_table.hpp"
@@ -414,6 +416,49 @@ void register_drafter_replay(py::module_& m) {
 void register_sequence_drafters(py::module_& m) {
     register_drafter_replay(m);
     // (drafters are registered here)
+    {
+        using B = Bound<CopyDrafter>;
+        bind_sequence_drafter<CopyDrafter>(m, "CopyDrafter",
+                                           "Copies of earlier spans of the sequence, else llama.cpp's lookup.")
+            .def(py::init([](SharedCache* context, const SharedCache* dynamic, const py::object& static_obj,
+                             int ngram_min, int ngram_max, size_t min_match, size_t max_match, size_t max_candidates) {
+                     CopyOptions o;
+                     o.ngram_min = ngram_min;
+                     o.ngram_max = ngram_max;
+                     o.min_match = min_match;
+                     o.max_match = max_match;
+                     o.max_candidates = max_candidates;
+                     return new B(o, dynamic, static_source(static_obj), context);
+                 }),
+                 "context"_a.none(true), "dynamic"_a.none(true), "static"_a.none(true), "ngram_min"_a = 1,
+                 "ngram_max"_a = 4, "min_match"_a = 2, "max_match"_a = 32, "max_candidates"_a = 8,
+                 // the caches are read (and the context written) through pointers
+                 py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::keep_alive<1, 4>())
+            .def_property_readonly("source", [](B& b) { return b.use().source(); },
+                                   "Where the last proposal came from: 1 a copy, 0 the lookup caches.")
+            .def("set_dynamic", [](B& b, const SharedCache* dynamic) { b.use().set_dynamic(dynamic); },
+                 "dynamic"_a.none(true), py::keep_alive<1, 2>())
+            .def("index", [](B& b) {
+                const CopyDrafter& d = b.use();
+                const auto& seq = d.tokens();
+                const size_t m = d.options().min_match;
+                py::dict out;
+                d.for_each_indexed([&](size_t pos) {
+                    py::tuple key(m);
+                    for (size_t i = 0; i < m; ++i) key[i] = py::int_(seq[pos + 1 - m + i]);
+                    if (!out.contains(key)) out[key] = py::list();
+                    out[key].cast<py::list>().append(pos);
+                });
+                return out;
+            }, "Every indexed position by its min_match-gram, oldest first (for tests).");
+    }
+    bind_sequence_drafter<PromptLookupDrafter>(m, "PromptLookupDrafter",
+                                               "Plain prompt lookup (Hugging Face, llama-cpp-python, vLLM).")
+        .def(py::init([](int max_ngram, int min_ngram, bool recent) {
+                 return new Bound<PromptLookupDrafter>(
+                     max_ngram, min_ngram, recent ? PromptLookupDrafter::Match::recent : PromptLookupDrafter::Match::first);
+             }),
+             "max_ngram"_a = 3, "min_ngram"_a = 1, "recent"_a = false);
 }
 
 }  // namespace

@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from ._core import CacheFormatError
 from .cache import NgramCache
 from .draft import draft
-from .drafters import CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter
+from .drafters import CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter, PromptLookupDrafter
 from .gate import AdaptiveGate
 from .static_table import StaticTable
 from .stats import ReplayStats, replay
@@ -22,4 +22,5 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 __all__ = [
     "AdaptiveGate", "CacheFormatError", "CopyDrafter", "DraftStats", "Drafter", "LookupDrafter",
     "NgramCache", "OracleDrafter", "ReplayStats", "StaticTable", "__version__", "draft", "replay",
+    "PromptLookupDrafter",
 ]

@@ -5,8 +5,9 @@ with every batch of verified tokens) and proposes continuations (``propose``). I
 never sees rejected tokens, so it never has to forget anything.
 
 ``LookupDrafter`` is llama.cpp's lookup decoding (context, dynamic and static n-gram
-caches); ``CopyDrafter`` also copies earlier spans of the sequence; ``OracleDrafter``
-proposes a known continuation (a ceiling for benchmarks). With an
+caches); ``CopyDrafter`` also copies earlier spans of the sequence;
+``PromptLookupDrafter`` is plain prompt lookup as Hugging Face, llama-cpp-python and vLLM
+do it; ``OracleDrafter`` proposes a known continuation (a ceiling for benchmarks). With an
 ``ngramcache.gate.AdaptiveGate`` a drafter proposes only as much as is expected to pay
 for its verification.
 """
@@ -20,15 +21,20 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from . import _core
 from ._validate import as_tokens, check_int, check_ngram_sizes
 from .cache import NgramCache
 from .draft import draft_checked
 from .gate import AdaptiveGate
 from .static_table import StaticTable
 
-__all__ = ["Drafter", "DraftStats", "SequenceDrafter", "CoreSequenceDrafter", "LookupDrafter", "CopyDrafter", "OracleDrafter"]
+__all__ = ["Drafter", "DraftStats", "SequenceDrafter", "CoreSequenceDrafter", "LookupDrafter", "CopyDrafter",
+           "PromptLookupDrafter", "OracleDrafter"]
 
 _EMPTY = np.zeros(0, dtype=np.int32)
+
+#: the longest n-gram PromptLookupDrafter matches (the core's PromptLookupDrafter::kMaxNgram)
+PROMPT_LOOKUP_MAX_NGRAM = 64
 
 
 @dataclass
@@ -322,7 +328,7 @@ class LookupDrafter(SequenceDrafter):
         return f"<LookupDrafter {' '.join(parts)}, {self._buf.n} tokens>"
 
 
-class CopyDrafter(LookupDrafter):
+class CopyDrafter(CoreSequenceDrafter):
     """Copies spans: when the newest tokens repeat an earlier stretch of the sequence,
     proposes what followed that stretch; otherwise drafts as ``LookupDrafter``.
 
@@ -334,14 +340,20 @@ class CopyDrafter(LookupDrafter):
     place. Work per step is bounded by ``max_candidates * max_match`` comparisons plus
     one index entry per new token, never the length of the sequence.
 
+    The lookup fallback reads the context cache (``context``, an ``NgramCache`` kept
+    current with the sequence), then ``dynamic``, then ``static``, exactly as
+    ``LookupDrafter``. Index, matching and fallback run in the compiled core, so
+    ``ngramcache.stats.replay_drafter`` replays this drafter entirely in C++.
+
     With a gate, copies and lookups are judged separately, copies by match length.
     """
 
     def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = 16,
                  ngram_min: int = 1, ngram_max: int = 4, gate: AdaptiveGate | None = None,
                  min_match: int = 2, max_match: int = 32, max_candidates: int = 8):
-        super().__init__(static=static, dynamic=dynamic, n_draft=n_draft, ngram_min=ngram_min,
-                         ngram_max=ngram_max, gate=gate)
+        super().__init__(n_draft, gate)
+        ngram_min, ngram_max = check_ngram_sizes(ngram_min, ngram_max)
+        _check_caches(static, dynamic)
         min_match = check_int("min_match", min_match, 1)
         max_match = check_int("max_match", max_match, 1)
         if min_match > max_match:
@@ -349,57 +361,107 @@ class CopyDrafter(LookupDrafter):
         self.min_match = min_match
         self.max_match = max_match
         self.max_candidates = check_int("max_candidates", max_candidates, 1)
-        self._index: dict[tuple, list[int]] = {}
-        self._indexed = 0  # positions < _indexed are in the index
+        self.ngram_min = ngram_min
+        self.ngram_max = ngram_max
+        self.static = static
+        self._dynamic = dynamic
+        #: the context cache: the n-grams of the current sequence, which the core keeps current
+        self.context = NgramCache()
+        self._core = _core.CopyDrafter(self.context._impl, None if dynamic is None else dynamic._impl,
+                                       None if static is None else static._impl, ngram_min, ngram_max,
+                                       min_match, max_match, self.max_candidates)
 
-    def _reset_index(self) -> None:
-        super()._reset_index()
-        self._index = {}
-        self._indexed = 0
-        self._index_new()
+    @property
+    def dynamic(self) -> NgramCache | None:
+        """The dynamic cache the lookup fallback reads after the context cache (or None)."""
+        return self._dynamic
 
-    def _appended(self, n_new: int) -> None:
-        super()._appended(n_new)
-        self._index_new()
+    @dynamic.setter
+    def dynamic(self, cache: NgramCache | None) -> None:
+        _check_caches(None, cache)
+        self._dynamic = cache
+        self._core.set_dynamic(None if cache is None else cache._impl)
 
-    def _index_new(self) -> None:
-        # index every position i (end of a min_match-gram) that has a successor
-        seq = self._buf.view()
-        m = self.min_match
-        end = self._buf.n - 1  # the newest token has no successor yet
-        i = max(self._indexed, m - 1)
-        if i < end:
-            toks = seq[max(0, i - m + 1) : end].tolist()
-            off = max(0, i - m + 1)
-            idx = self._index
-            for j in range(i, end):
-                key = tuple(toks[j - m + 1 - off : j + 1 - off])
-                lst = idx.get(key)
-                if lst is None:
-                    idx[key] = [j]
-                else:
-                    lst.append(j)
-            self._indexed = end
+    def reset(self, prompt_tokens) -> None:
+        """Start a new sequence: the copy index and the context cache are rebuilt from
+        ``prompt_tokens``."""
+        super().reset(prompt_tokens)
 
     def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
-        seq = self._buf.view()
-        last = self._buf.n - 1
-        m = self.min_match
-        if last + 1 >= m:
-            lst = self._index.get(tuple(seq[last - m + 1 : last + 1].tolist()))
-            if lst:
-                best_pos, best_len = -1, 0
-                for pos in reversed(lst[-self.max_candidates :]):
-                    length = m
-                    limit = min(self.max_match, pos + 1)
-                    while length < limit and seq[pos - length] == seq[last - length]:
-                        length += 1
-                    if length > best_len:
-                        best_pos, best_len = pos, length
-                cand = seq[best_pos + 1 : min(best_pos + 1 + n, last + 1)]
-                if cand.size:
-                    return cand.copy(), best_len, 1
-        return super()._candidates(n)
+        cand = self._core.propose(n)
+        return cand, int(self._core.confidence), int(self._core.source)
+
+    @property
+    def _index(self) -> dict[tuple, list[int]]:
+        # every indexed position (the last token of a min_match-gram with a successor) by
+        # its gram, oldest first: for tests and inspection
+        return self._core.index()
+
+    def save_dynamic(self, path: str | os.PathLike) -> NgramCache:
+        """Merge the context cache into the dynamic cache (creating it if there was
+        none) and write it to ``path`` in llama.cpp's format, like ``llama-lookup -lcd``.
+        Returns the dynamic cache."""
+        if self._dynamic is None:
+            self.dynamic = NgramCache()
+        self._dynamic.merge(self.context)
+        self._dynamic.save(path)
+        return self._dynamic
+
+    def __repr__(self) -> str:
+        parts = [f"n_draft={self.n_draft}", f"min_match={self.min_match}"]
+        if self._dynamic is not None:
+            parts.append("dynamic")
+        if self.static is not None:
+            parts.append("static")
+        if self.gate is not None:
+            parts.append("gated")
+        return f"<CopyDrafter {' '.join(parts)}, {self._buf.n} tokens>"
+
+
+class PromptLookupDrafter(CoreSequenceDrafter):
+    """Plain prompt lookup decoding, as Hugging Face (``prompt_lookup_num_tokens``),
+    llama-cpp-python (``LlamaPromptLookupDecoding``) and vLLM (``method="ngram"``) do it.
+
+    For an n-gram size from ``max_ngram`` down to ``min_ngram``, it looks for an earlier
+    occurrence of the last ``size`` tokens and proposes the (up to ``n_draft``) tokens
+    that followed it; the longest size with an occurrence wins. ``match="first"`` takes
+    the earliest occurrence in the sequence, as those three do, so its proposals are
+    theirs token for token; ``match="recent"`` the newest. An occurrence may overlap the
+    newest tokens themselves, and a continuation stops at the end of the sequence (it can
+    be shorter than ``n_draft``).
+
+    The peers rescan the whole sequence at every step; here an index per n-gram size is
+    kept current as tokens arrive, so a step costs O(max_ngram^2 + n_draft) whatever the
+    length of the sequence. The gate keys on the size of the matched n-gram.
+    """
+
+    _SOURCE = 1
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, n_draft: int = 10, match: str = "first",
+                 gate: AdaptiveGate | None = None):
+        super().__init__(n_draft, gate)
+        min_ngram = check_int("min_ngram", min_ngram, 1)
+        max_ngram = check_int("max_ngram", max_ngram, 1, PROMPT_LOOKUP_MAX_NGRAM)
+        if min_ngram > max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if match not in ("first", "recent"):
+            raise ValueError(f"match must be 'first' or 'recent', got {match!r}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.match = match
+        self._core = _core.PromptLookupDrafter(max_ngram, min_ngram, match == "recent")
+
+    def __repr__(self) -> str:
+        gated = ", gated" if self.gate is not None else ""
+        return (f"<PromptLookupDrafter max_ngram={self.max_ngram} min_ngram={self.min_ngram} "
+                f"match={self.match!r} n_draft={self.n_draft}{gated}, {self._buf.n} tokens>")
+
+
+def _check_caches(static, dynamic) -> None:
+    if dynamic is not None and not isinstance(dynamic, NgramCache):
+        raise TypeError(f"dynamic must be an NgramCache or None, got {type(dynamic).__name__}")
+    if static is not None and not isinstance(static, (NgramCache, StaticTable)):
+        raise TypeError(f"static must be an NgramCache, a StaticTable or None, got {type(static).__name__}")
 
 
 class OracleDrafter:
