@@ -1,0 +1,480 @@
+// Suffix drafting (SuffixDecoding, Oliaro et al. 2024): propose the most frequent
+// continuation of the longest suffix match, from the current request and from a store
+// of earlier requests.
+//
+// The structure is a depth-bounded suffix trie with counts: every substring of length
+// <= max_depth + 1 of the text is a node, with its number of occurrences. A suffix
+// automaton would take O(n) memory instead of O(n * max_depth), but it cannot keep the
+// per-node "best child" up to date in O(1) (a count change there touches every state
+// with a transition into the changed one), its occurrence counts need a walk up the
+// suffix-link chain that is unbounded on repetitive text, and it cannot forget a
+// request: the store would have to be rebuilt on every eviction. The trie does all
+// three in O(max_depth) per token with a flat hash table of edges, and a proposal of k
+// tokens is k pointer steps (best child, plus a suffix link when the context reaches
+// max_depth). The price is memory: up to max_depth + 1 nodes per distinct position,
+// about 60 bytes each (docs/drafters.md).
+//
+// Proposal rule, shared by the request's own trie and the store's:
+//   * match: the longest suffix x of the sequence, |x| <= max_depth, that occurs
+//     earlier followed by a token; m = |x| (0: no proposal);
+//   * step: c = the most frequent token after x (equal counts: the one seen latest),
+//     p = count(x c) / count(x followed by anything); the running product P *= p;
+//     stop before a token with P < min_prob, when x has no successor, or after
+//     min(n_max, floor(alpha * m)) tokens; x = the last max_depth tokens of x c.
+// With a store both are proposed; the one with the longer match wins (evidence of a
+// longer repeat), then the one with more expected accepted tokens (the sum of the P's),
+// then the request's own. A side that proposes nothing does not take part.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "ngram.hpp"
+
+namespace ngramcache {
+
+constexpr size_t kSuffixMaxDepth = 1024;  // beyond this the trie's memory per token is absurd
+
+class SuffixTrie {
+public:
+    struct Node {
+        uint64_t last = 0;    // stamp of the newest occurrence (larger: seen later)
+        uint32_t count = 0;   // occurrences of this node's string
+        uint32_t nsucc = 0;   // of those, followed by a token (= sum of the children's counts)
+        uint32_t best = 0;    // the child with the highest count, newest among equals (0: none)
+        uint32_t link = 0;    // the node of this string without its first token
+        uint32_t first = 0;   // children, a doubly linked list (to choose a new best after removals)
+        uint32_t next = 0;
+        uint32_t prev = 0;
+        token_t tok = 0;      // the last token of this node's string
+    };
+
+    // The nodes of every suffix (length 0..len) of a sequence being appended.
+    struct Cursor {
+        std::vector<uint32_t> act;
+        size_t len = 0;
+    };
+
+    explicit SuffixTrie(size_t max_depth) : depth_(max_depth) { clear(); }
+
+    size_t max_depth() const { return depth_; }
+    size_t n_nodes() const { return nodes_.size() - 1 - free_.size(); }
+    const Node& node(uint32_t i) const { return nodes_[i]; }
+
+    void clear() {
+        nodes_.assign(1, Node{});
+        free_.clear();
+        slots_.assign(kMinSlots, Slot{});
+        used_ = 0;
+    }
+
+    Cursor start() const {
+        Cursor c;
+        c.act.assign(depth_ + 1, 0);
+        return c;
+    }
+
+    uint32_t child(uint32_t u, token_t c) const { return slots_[find_slot(u, c)].child; }
+
+    // Append token c to the sequence of `cur`: one occurrence more for each of its
+    // suffixes of length 1..len+1 (the deepest at max_depth + 1).
+    void append(Cursor& cur, token_t c, uint64_t stamp) {
+        uint32_t below = 0;  // the new node one level up, i.e. the suffix link of the next
+        const size_t len = cur.len;
+        for (size_t i = 0; i <= len; ++i) {
+            const uint32_t w = bump(cur.act[i], c, stamp, below);
+            if (i > 0) cur.act[i] = below;
+            below = w;
+        }
+        if (len < depth_) {
+            cur.act[len + 1] = below;
+            cur.len = len + 1;
+        }
+    }
+
+    void insert(const token_t* p, size_t n, uint64_t& stamp) {
+        Cursor cur = start();
+        for (size_t j = 0; j < n; ++j) append(cur, p[j], stamp++);
+    }
+
+    // Forget a sequence inserted earlier, which must be older than every other sequence
+    // still in the trie: then the newest occurrence of every surviving node lies in a
+    // surviving sequence and the `last` stamps stay exact.
+    void remove(const token_t* p, size_t n) {
+        std::vector<std::pair<uint32_t, uint32_t>> dead;  // (parent, node)
+        std::vector<uint32_t> dirty;                      // nodes whose best child lost counts
+        Cursor cur = start();
+        for (size_t j = 0; j < n; ++j) {
+            uint32_t below = 0;
+            const size_t len = cur.len;
+            for (size_t i = 0; i <= len; ++i) {
+                const uint32_t u = cur.act[i];
+                const uint32_t w = child(u, p[j]);
+                Node& wn = nodes_[w];
+                --wn.count;
+                Node& un = nodes_[u];
+                --un.nsucc;
+                if (wn.count == 0) dead.emplace_back(u, w);
+                if (u != 0 && un.best == w) {
+                    un.best = kDirty;  // also keeps u from being listed twice
+                    dirty.push_back(u);
+                }
+                if (i > 0) cur.act[i] = below;
+                below = w;
+            }
+            if (len < depth_) {
+                cur.act[len + 1] = below;
+                cur.len = len + 1;
+            }
+        }
+        // Counts are exact only once the whole sequence is out (a string's occurrence
+        // leaves before its extension's does), so nodes go only now.
+        for (const auto& [u, w] : dead) {
+            erase_slot(find_slot(u, nodes_[w].tok));
+            Node& wn = nodes_[w];
+            if (wn.prev)
+                nodes_[wn.prev].next = wn.next;
+            else
+                nodes_[u].first = wn.next;
+            if (wn.next) nodes_[wn.next].prev = wn.prev;
+            free_.push_back(w);
+        }
+        for (uint32_t u : dirty) {
+            Node& un = nodes_[u];
+            un.best = 0;
+            if (un.count == 0) continue;  // removed itself
+            for (uint32_t c = un.first; c; c = nodes_[c].next) {
+                const Node& cn = nodes_[c];
+                if (!un.best) {
+                    un.best = c;
+                    continue;
+                }
+                const Node& bn = nodes_[un.best];
+                if (cn.count > bn.count || (cn.count == bn.count && cn.last > bn.last)) un.best = c;
+            }
+        }
+    }
+
+private:
+    static constexpr uint32_t kDirty = 0xffffffffu;
+    static constexpr size_t kMinSlots = 64;
+    struct Slot {
+        uint32_t parent = 0;
+        token_t tok = 0;
+        uint32_t child = 0;  // 0: empty (the root is nobody's child)
+    };
+
+    size_t home(uint32_t u, token_t c) const {
+        uint64_t k = (static_cast<uint64_t>(u) << 32) | static_cast<uint32_t>(c);
+        k ^= k >> 31;
+        k *= 0x9E3779B97F4A7C15ull;
+        k ^= k >> 29;
+        return static_cast<size_t>(k) & (slots_.size() - 1);
+    }
+
+    size_t find_slot(uint32_t u, token_t c) const {
+        const size_t mask = slots_.size() - 1;
+        size_t i = home(u, c);
+        while (slots_[i].child && !(slots_[i].parent == u && slots_[i].tok == c)) i = (i + 1) & mask;
+        return i;
+    }
+
+    void grow() {
+        std::vector<Slot> old(slots_.size() * 2);
+        old.swap(slots_);
+        const size_t mask = slots_.size() - 1;
+        for (const Slot& s : old) {
+            if (!s.child) continue;
+            size_t i = home(s.parent, s.tok);
+            while (slots_[i].child) i = (i + 1) & mask;
+            slots_[i] = s;
+        }
+    }
+
+    // Backward-shift deletion keeps linear probing free of tombstones.
+    void erase_slot(size_t i) {
+        const size_t mask = slots_.size() - 1;
+        size_t j = i;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (!slots_[j].child) break;
+            const size_t k = home(slots_[j].parent, slots_[j].tok);
+            const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+            if (stays) continue;
+            slots_[i] = slots_[j];
+            i = j;
+        }
+        slots_[i] = Slot{};
+        --used_;
+    }
+
+    uint32_t bump(uint32_t u, token_t c, uint64_t stamp, uint32_t link_if_new) {
+        if ((used_ + 1) * 4 > slots_.size() * 3) grow();
+        const size_t s = find_slot(u, c);
+        uint32_t w = slots_[s].child;
+        if (!w) {
+            if (!free_.empty()) {
+                w = free_.back();
+                free_.pop_back();
+                nodes_[w] = Node{};
+            } else {
+                if (nodes_.size() >= kDirty) throw std::length_error("suffix trie: too many nodes");
+                w = static_cast<uint32_t>(nodes_.size());
+                nodes_.emplace_back();
+            }
+            Node& wn = nodes_[w];
+            wn.tok = c;
+            wn.link = link_if_new;
+            wn.next = nodes_[u].first;
+            if (wn.next) nodes_[wn.next].prev = w;
+            nodes_[u].first = w;
+            slots_[s] = Slot{u, c, w};
+            ++used_;
+        }
+        Node& wn = nodes_[w];
+        ++wn.count;
+        wn.last = stamp;
+        Node& un = nodes_[u];
+        ++un.nsucc;
+        // the root's best child is never asked for (a proposal needs a match of >= 1)
+        if (u != 0 && (!un.best || wn.count >= nodes_[un.best].count)) un.best = w;
+        return w;
+    }
+
+    size_t depth_;
+    std::vector<Node> nodes_;
+    std::vector<uint32_t> free_;
+    std::vector<Slot> slots_;
+    size_t used_ = 0;
+};
+
+// Earlier requests, for every drafter that shares the store. Readers (proposals) hold a
+// shared lock for the O(k) of a proposal; a writer (add, clear) holds the lock
+// exclusively for O(max_depth) per token added or evicted. Whole requests are evicted,
+// oldest first, to keep the tokens held within max_tokens.
+class SuffixStore {
+public:
+    explicit SuffixStore(size_t max_tokens = 1000000, size_t max_depth = 64)
+        : max_tokens_(max_tokens), trie_(check_depth(max_depth)) {
+        if (max_tokens < 1) throw InputError("max_tokens must be >= 1, got 0");
+    }
+
+    // A request longer than max_tokens is not kept, and evicts nothing.
+    void add(const token_t* p, size_t n) {
+        if (n == 0 || n > max_tokens_) return;
+        std::unique_lock<std::shared_mutex> lk(mu_);
+        while (!reqs_.empty() && n_tokens_ + n > max_tokens_) {
+            const auto& r = reqs_.front();
+            trie_.remove(r.data(), r.size());
+            n_tokens_ -= r.size();
+            reqs_.pop_front();
+        }
+        reqs_.emplace_back(p, p + n);
+        trie_.insert(p, n, stamp_);
+        n_tokens_ += n;
+        ++version_;
+    }
+
+    void clear() {
+        std::unique_lock<std::shared_mutex> lk(mu_);
+        reqs_.clear();
+        trie_.clear();
+        n_tokens_ = 0;
+        ++version_;
+    }
+
+    size_t max_tokens() const { return max_tokens_; }
+    size_t max_depth() const { return trie_.max_depth(); }
+    size_t n_tokens() const {
+        std::shared_lock<std::shared_mutex> lk(mu_);
+        return n_tokens_;
+    }
+    size_t n_requests() const {
+        std::shared_lock<std::shared_mutex> lk(mu_);
+        return reqs_.size();
+    }
+    size_t n_nodes() const {
+        std::shared_lock<std::shared_mutex> lk(mu_);
+        return trie_.n_nodes();
+    }
+
+    static size_t check_depth(size_t d) {
+        if (d < 1 || d > kSuffixMaxDepth)
+            throw InputError("max_depth must be in 1.." + std::to_string(kSuffixMaxDepth) + ", got " +
+                             std::to_string(d));
+        return d;
+    }
+
+private:
+    friend class SuffixDrafter;
+    const size_t max_tokens_;
+    mutable std::shared_mutex mu_;
+    SuffixTrie trie_;
+    std::deque<std::vector<token_t>> reqs_;
+    size_t n_tokens_ = 0;
+    uint64_t stamp_ = 0;
+    uint64_t version_ = 1;  // changes with every add and clear; 0 is never current
+};
+
+// The sequence-protocol drafter (drafter_replay.hpp).
+class SuffixDrafter {
+public:
+    SuffixDrafter(size_t max_depth = 64, double alpha = 4.0, double min_prob = 0.1,
+                  std::shared_ptr<SuffixStore> store = nullptr)
+        : depth_(SuffixStore::check_depth(max_depth)), alpha_(alpha), min_prob_(min_prob),
+          store_(std::move(store)), trie_(depth_), cur_(trie_.start()) {
+        if (!(alpha > 0.0) || !std::isfinite(alpha))
+            throw InputError("alpha must be a positive finite number, got " + std::to_string(alpha));
+        if (!(min_prob >= 0.0 && min_prob <= 1.0))
+            throw InputError("min_prob must be in [0, 1], got " + std::to_string(min_prob));
+        store_depth_ = store_ ? std::min(depth_, store_->max_depth()) : 0;
+    }
+
+    // The request so far goes to the store (if any), and a new one starts.
+    void reset(const token_t* prompt, size_t n) {
+        finish();
+        accept(prompt, n);
+    }
+
+    // Hand the request so far to the store and start an empty one.
+    void finish() {
+        if (store_ && !seq_.empty()) store_->add(seq_.data(), seq_.size());
+        seq_.clear();
+        trie_.clear();
+        cur_ = trie_.start();
+        match_ = 0;
+        conf_ = 0;
+        s_version_ = 0;
+    }
+
+    void accept(const token_t* t, size_t n) {
+        for (size_t j = 0; j < n; ++j) {
+            trie_.append(cur_, t[j], seq_.size());
+            seq_.push_back(t[j]);
+            // the match grows by at most one token per token
+            match_ = std::min(match_ + 1, cur_.len);
+            while (match_ > 0 && trie_.node(cur_.act[match_]).nsucc == 0) --match_;
+        }
+    }
+
+    size_t propose(size_t n_max, token_t* out) {
+        conf_ = 0;
+        if (n_max == 0 || seq_.empty()) return 0;
+        double score_a = 0;
+        size_t n_a = 0;
+        if (match_ > 0) n_a = walk(trie_, cur_.act[match_], match_, depth_, n_max, out, score_a);
+        size_t m_b = 0, n_b = 0;
+        double score_b = 0;
+        if (store_) {
+            std::shared_lock<std::shared_mutex> lk(store_->mu_);
+            const SuffixTrie& st = store_->trie_;
+            sync_store(st);
+            uint32_t v = s_node_;
+            size_t d = s_depth_;
+            while (d > 0 && st.node(v).nsucc == 0) {
+                v = st.node(v).link;
+                --d;
+            }
+            m_b = d;
+            if (d > 0) {
+                buf_.resize(n_max);
+                n_b = walk(st, v, d, store_depth_, n_max, buf_.data(), score_b);
+            }
+        }
+        const bool take_b = n_b > 0 && (n_a == 0 || m_b > match_ || (m_b == match_ && score_b > score_a));
+        if (take_b) {
+            std::copy(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(n_b), out);
+            conf_ = static_cast<int>(m_b);
+            return n_b;
+        }
+        conf_ = n_a ? static_cast<int>(match_) : 0;
+        return n_a;
+    }
+
+    int confidence() const { return conf_; }
+    size_t max_depth() const { return depth_; }
+    double alpha() const { return alpha_; }
+    double min_prob() const { return min_prob_; }
+    size_t n_tokens() const { return seq_.size(); }
+    size_t n_nodes() const { return trie_.n_nodes(); }
+    const std::shared_ptr<SuffixStore>& store() const { return store_; }
+
+private:
+    size_t walk(const SuffixTrie& t, uint32_t u, size_t d, size_t dmax, size_t n_max, token_t* out,
+                double& score) const {
+        const double cap = alpha_ * static_cast<double>(d);
+        const size_t limit = cap >= static_cast<double>(n_max) ? n_max : static_cast<size_t>(cap);
+        double p = 1.0;
+        score = 0.0;
+        size_t k = 0;
+        while (k < limit) {
+            const SuffixTrie::Node& un = t.node(u);
+            if (un.nsucc == 0) break;
+            const SuffixTrie::Node& wn = t.node(un.best);
+            p *= static_cast<double>(wn.count) / static_cast<double>(un.nsucc);
+            if (p < min_prob_) break;
+            out[k++] = wn.tok;
+            score += p;
+            u = un.best;
+            if (++d > dmax) {
+                u = t.node(u).link;
+                d = dmax;
+            }
+        }
+        return k;
+    }
+
+    // Keep (s_node_, s_depth_) = the longest suffix of the sequence, up to store_depth_
+    // tokens, that occurs in the store. After the store changed, node ids may be stale:
+    // start again from the last store_depth_ tokens (the same answer, by construction).
+    void sync_store(const SuffixTrie& st) {
+        if (s_version_ != store_->version_) {
+            s_version_ = store_->version_;
+            s_node_ = 0;
+            s_depth_ = 0;
+            s_fed_ = seq_.size() > store_depth_ ? seq_.size() - store_depth_ : 0;
+        }
+        for (; s_fed_ < seq_.size(); ++s_fed_) {
+            const token_t c = seq_[s_fed_];
+            for (;;) {
+                const uint32_t w = st.child(s_node_, c);
+                if (w) {
+                    s_node_ = w;
+                    if (++s_depth_ > store_depth_) {
+                        s_node_ = st.node(w).link;
+                        s_depth_ = store_depth_;
+                    }
+                    break;
+                }
+                if (s_depth_ == 0) break;
+                s_node_ = st.node(s_node_).link;
+                --s_depth_;
+            }
+        }
+    }
+
+    size_t depth_;
+    double alpha_, min_prob_;
+    std::shared_ptr<SuffixStore> store_;
+    size_t store_depth_ = 0;
+    SuffixTrie trie_;
+    SuffixTrie::Cursor cur_;
+    std::vector<token_t> seq_;
+    size_t match_ = 0;
+    int conf_ = 0;
+    std::vector<token_t> buf_;
+    uint64_t s_version_ = 0;
+    uint32_t s_node_ = 0;
+    size_t s_depth_ = 0;
+    size_t s_fed_ = 0;
+};
+
+}  // namespace ngramcache
