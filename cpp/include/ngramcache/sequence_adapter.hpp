@@ -1,0 +1,84 @@
+// SequenceAdapter<D>: a llama.cpp-shaped drafter (ngram_simple.hpp, ngram_map.hpp,
+// ngram_mod.hpp) as a drafter of the sequence protocol (drafter_replay.hpp):
+//
+//   reset(prompt)     D's history = prompt without its last token, begin()
+//   propose(n_max)    D.draft(id_last = the newest token), cut to n_max
+//   accept(tokens)    D.accept(n_accepted) for the last non-empty proposal, then the
+//                     tokens join the sequence
+//   confidence()      the key size of D when the last proposal was non-empty, else 0
+//
+// In llama.cpp the drafter's prompt excludes the token just sampled (id_last); in the
+// sequence protocol that token is the last one of the sequence. So the adapter keeps the
+// sequence as D's history plus that one token, and appends to D only what it will never
+// see as id_last again: a step costs what D's draft costs, never the context's length.
+// n_accepted is the length of the prefix of the proposal that the verified tokens repeat,
+// as llama.cpp counts it (accepted draft tokens, without the sampled one), also when it is
+// 0; accept is not forwarded after an empty proposal, as llama-server does not verify one.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "ngram.hpp"
+
+namespace ngramcache {
+
+template <class D>
+class SequenceAdapter {
+public:
+    template <class... A>
+    explicit SequenceAdapter(A&&... a) : d_(std::forward<A>(a)...) {}
+
+    D& drafter() { return d_; }
+    const D& drafter() const { return d_; }
+
+    void reset(const token_t* prompt, size_t n) {
+        pending_ = false;
+        conf_ = 0;
+        has_last_ = n > 0;
+        d_.sync(prompt, n > 0 ? n - 1 : 0);
+        if (has_last_) last_ = prompt[n - 1];
+        d_.begin();
+    }
+
+    void accept(const token_t* tokens, size_t n) {
+        if (n == 0) return;
+        if (pending_) {
+            const size_t k = std::min(n, draft_.size());
+            size_t acc = 0;
+            while (acc < k && draft_[acc] == tokens[acc]) ++acc;
+            d_.accept(acc);
+            pending_ = false;
+        }
+        if (has_last_) d_.append(&last_, 1);
+        d_.append(tokens, n - 1);
+        last_ = tokens[n - 1];
+        has_last_ = true;
+    }
+
+    size_t propose(size_t n_max, token_t* out) {
+        pending_ = false;
+        conf_ = 0;
+        if (!has_last_) return 0;
+        d_.draft(last_, draft_);
+        if (draft_.size() > n_max) draft_.resize(n_max);  // as the server cuts a draft
+        std::copy(draft_.begin(), draft_.end(), out);
+        pending_ = !draft_.empty();
+        if (pending_) conf_ = static_cast<int>(d_.key_size());
+        return draft_.size();
+    }
+
+    int confidence() const { return conf_; }
+
+private:
+    D d_;
+    token_t last_ = 0;
+    bool has_last_ = false;
+    bool pending_ = false;
+    int conf_ = 0;
+    std::vector<token_t> draft_;
+};
+
+}  // namespace ngramcache
