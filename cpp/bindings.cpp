@@ -20,8 +20,13 @@
 #include "ngramcache/drafter_replay.hpp"
 #include "ngramcache/prompt_lookup.hpp"
 #include "ngramcache/lookup_file.hpp"
+#include "ngramcache/ngram_map.hpp"
+#include "ngramcache/ngram_mod.hpp"
+#include "ngramcache/ngram_simple.hpp"
+#include "ngramcache/sequence_adapter.hpp"
 #include "ngramcache/shared_cache.hpp"  // caches, drafting and replay under their locks
 #include "ngramcache/static_table.hpp"
+#include "ngramcache/suffix.hpp"
 
 namespace py = pybind11;
 using namespace py::literals;
@@ -417,6 +422,81 @@ void register_sequence_drafters(py::module_& m) {
     register_drafter_replay(m);
     // (drafters are registered here)
     {
+        // llama.cpp's ngram-simple, ngram-map-k/k4v and ngram-mod (ngramcache.speculative).
+        // The llama.cpp-shaped classes keep the GIL: a call takes microseconds, and one
+        // object's state must not be touched by two threads at once; the NgramModTable they
+        // may share is safe without it (relaxed atomic slots, ngram_mod.hpp).
+        auto llama_shaped = [](auto& c) {
+            using D = typename std::decay_t<decltype(c)>::type;
+            c.def("sync", [](D& d, const Tokens& t) { d.sync(t.data(), len(t)); }, "prompt"_a,
+                  "The history becomes the prompt (one comparison with the copy, then the new tail).")
+                .def("extend", [](D& d, const Tokens& t, size_t start) {
+                    // t = prompt[start:]; the prompt's first `start` tokens are the caller's word
+                    const auto& h = d.history();
+                    if (start > h.size() || start + len(t) < h.size()) return false;
+                    const size_t overlap = h.size() - start;
+                    if (overlap && std::memcmp(h.data() + start, t.data(), overlap * sizeof(token_t)) != 0)
+                        return false;
+                    d.append(t.data() + overlap, len(t) - overlap);
+                    return true;
+                }, "tokens"_a, "start"_a,
+                     "Append tokens[len(history)-start:] if tokens[:len(history)-start] repeat the history's "
+                     "tail from `start`; False (nothing changed) otherwise.")
+                .def("begin", [](D& d) { d.begin(); }, "llama.cpp's begin() with the history as the prompt.")
+                .def("draft", [](D& d, token_t id_last) {
+                    std::vector<token_t> out;
+                    d.draft(id_last, out);
+                    return py::array_t<int32_t>(static_cast<py::ssize_t>(out.size()), out.data());
+                }, "id_last"_a, "llama.cpp's draft() with the history as the prompt.")
+                .def("accept", [](D& d, size_t n) { d.accept(n); }, "n_accepted"_a)
+                .def_property_readonly("n_tokens", [](const D& d) { return d.history().size(); });
+        };
+        py::class_<NgramSimple> simple(m, "NgramSimple", "llama.cpp's ngram-simple drafter.");
+        simple.def(py::init<size_t, size_t>(), "size_n"_a = 12, "size_m"_a = 48);
+        llama_shaped(simple);
+        py::class_<NgramMap> map(m, "NgramMap", "llama.cpp's ngram-map-k (k4v=False) and ngram-map-k4v drafters.");
+        map.def(py::init<size_t, size_t, size_t, bool>(), "size_n"_a = 12, "size_m"_a = 48, "min_hits"_a = 1,
+                "k4v"_a = false)
+            .def_property_readonly("n_keys", [](const NgramMap& d) { return d.keys().size(); });
+        llama_shaped(map);
+        py::class_<NgramModTable, std::shared_ptr<NgramModTable>>(m, "NgramModTable",
+                                                                  "ngram-mod's hash table, shareable by drafters and threads.")
+            .def(py::init<size_t>(), "size"_a = NgramModTable::kDefaultSize)
+            .def_property_readonly("size", &NgramModTable::size)
+            .def_property_readonly("nbytes", &NgramModTable::nbytes)
+            .def_property_readonly("used", &NgramModTable::used)
+            .def_property_readonly("resets", &NgramModTable::resets)
+            .def("get", [](const NgramModTable& t, const Tokens& ngram) { return t.get(ngram.data(), len(ngram)); },
+                 "ngram"_a)
+            .def("reset", [](NgramModTable& t) {
+                py::gil_scoped_release release;
+                t.reset();
+            });
+        py::class_<NgramMod> mod(m, "NgramMod", "llama.cpp's ngram-mod drafter.");
+        mod.def(py::init([](std::shared_ptr<NgramModTable> t, size_t n_match, size_t n_min, size_t n_max) {
+                    return new NgramMod(std::move(t), n_match, n_min, n_max);
+                }),
+                "table"_a.none(true), "n_match"_a = 24, "n_min"_a = 48, "n_max"_a = 64)
+            .def_property_readonly("table", [](const NgramMod& d) { return d.table(); })
+            .def_property_readonly("n_low", &NgramMod::n_low)
+            .def_property_readonly("i_last", &NgramMod::i_last);
+        llama_shaped(mod);
+        using SimpleSeq = SequenceAdapter<NgramSimple>;
+        using MapSeq = SequenceAdapter<NgramMap>;
+        using ModSeq = SequenceAdapter<NgramMod>;
+        bind_sequence_drafter<SimpleSeq>(m, "NgramSimpleSequence", "ngram-simple over the sequence protocol.")
+            .def(py::init([](size_t n, size_t mm) { return new Bound<SimpleSeq>(n, mm); }), "size_n"_a = 12,
+                 "size_m"_a = 48);
+        bind_sequence_drafter<MapSeq>(m, "NgramMapSequence", "ngram-map-k/k4v over the sequence protocol.")
+            .def(py::init([](size_t n, size_t mm, size_t hits, bool k4v) { return new Bound<MapSeq>(n, mm, hits, k4v); }),
+                 "size_n"_a = 12, "size_m"_a = 48, "min_hits"_a = 1, "k4v"_a = false);
+        bind_sequence_drafter<ModSeq>(m, "NgramModSequence", "ngram-mod over the sequence protocol.")
+            .def(py::init([](std::shared_ptr<NgramModTable> t, size_t n_match, size_t n_min, size_t n_max) {
+                     return new Bound<ModSeq>(std::move(t), n_match, n_min, n_max);
+                 }),
+                 "table"_a.none(true), "n_match"_a = 24, "n_min"_a = 48, "n_max"_a = 64);
+    }
+    {
         using B = Bound<CopyDrafter>;
         bind_sequence_drafter<CopyDrafter>(m, "CopyDrafter",
                                            "Copies of earlier spans of the sequence, else llama.cpp's lookup.")
@@ -459,6 +539,32 @@ void register_sequence_drafters(py::module_& m) {
                      max_ngram, min_ngram, recent ? PromptLookupDrafter::Match::recent : PromptLookupDrafter::Match::first);
              }),
              "max_ngram"_a = 3, "min_ngram"_a = 1, "recent"_a = false);
+    // Shared by drafters (shared_ptr): adds and evictions take its lock exclusively,
+    // proposals share it; the GIL is released around adds, which cost O(max_depth) a token.
+    py::class_<SuffixStore, std::shared_ptr<SuffixStore>>(m, "SuffixStore",
+                                                          "Earlier requests' tokens for SuffixDrafter.")
+        .def(py::init<size_t, size_t>(), "max_tokens"_a = 1000000, "max_depth"_a = 64)
+        .def("add", [](SuffixStore& s, const Tokens& t) {
+            py::gil_scoped_release release;
+            s.add(t.data(), len(t));
+        }, "tokens"_a)
+        .def("clear", [](SuffixStore& s) {
+            py::gil_scoped_release release;
+            s.clear();
+        })
+        .def_property_readonly("n_tokens", &SuffixStore::n_tokens)
+        .def_property_readonly("n_requests", &SuffixStore::n_requests)
+        .def_property_readonly("n_nodes", &SuffixStore::n_nodes)
+        .def_property_readonly("max_tokens", &SuffixStore::max_tokens)
+        .def_property_readonly("max_depth", &SuffixStore::max_depth);
+    bind_sequence_drafter<SuffixDrafter>(m, "SuffixDrafter",
+                                         "Most frequent continuation of the longest suffix match (SuffixDecoding).")
+        .def(py::init([](size_t max_depth, double alpha, double min_prob, std::shared_ptr<SuffixStore> store) {
+                 return new Bound<SuffixDrafter>(max_depth, alpha, min_prob, std::move(store));
+             }),
+             "max_depth"_a, "alpha"_a, "min_prob"_a, "store"_a.none(true))
+        .def("finish", [](Bound<SuffixDrafter>& b) { b.use().finish(); })
+        .def_property_readonly("n_nodes", [](Bound<SuffixDrafter>& b) { return b.use().n_nodes(); });
 }
 
 }  // namespace

@@ -13,6 +13,9 @@ from .drafters import CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDra
 from .gate import AdaptiveGate
 from .static_table import StaticTable
 from .stats import ReplayStats, replay
+from .suffix import SuffixDrafter, SuffixStore
+from . import speculative
+from .speculative import NgramMapDrafter, NgramModDrafter, NgramSimpleDrafter
 
 try:  # one source of truth: pyproject.toml
     __version__ = version("ngramcache")
@@ -22,5 +25,6 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 __all__ = [
     "AdaptiveGate", "CacheFormatError", "CopyDrafter", "DraftStats", "Drafter", "LookupDrafter",
     "NgramCache", "OracleDrafter", "ReplayStats", "StaticTable", "__version__", "draft", "replay",
-    "PromptLookupDrafter",
+    "PromptLookupDrafter", "SuffixDrafter", "SuffixStore",
+    "NgramMapDrafter", "NgramModDrafter", "NgramSimpleDrafter", "speculative",
 ]
