@@ -26,5 +26,5 @@ __all__ = [
     "AdaptiveGate", "CacheFormatError", "CopyDrafter", "DraftStats", "Drafter", "LookupDrafter",
     "NgramCache", "OracleDrafter", "ReplayStats", "StaticTable", "__version__", "draft", "replay",
     "PromptLookupDrafter", "SuffixDrafter", "SuffixStore",
-    "NgramMapDrafter", "NgramModDrafter", "NgramSimpleDrafter", "speculative",
+    "NgramMapDrafter", "NgramModDrafter", "NgramSimpleDrafter",
 ]

@@ -49,8 +49,9 @@ class AdaptiveGate:
 
     #: proposal lengths (or match lengths) are bucketed: 1, 2-3, 4-7, 8+
     _LEN_BUCKETS = (1, 2, 4, 8)
-    #: where a proposal came from: 0 lookup caches, 1 a copy of an earlier span
-    N_SOURCES = 2
+    #: where a proposal came from: 0 lookup caches, 1 a copy of an earlier span, 2 the
+    #: most frequent continuation of a suffix match (SuffixDrafter)
+    N_SOURCES = 3
 
     def __init__(self, costs: Sequence[float], decay: float = 0.97, prior: tuple[float, float] = (1.0, 2.0),
                  shrink: float = 4.0, overhead: float = 0.0, min_gain: float = 0.05):
@@ -85,7 +86,7 @@ class AdaptiveGate:
     def state(self, proposal_len: int, prev: int, source: int = 0) -> int:
         """State index from the proposal's length (for copies: the length of the match
         it continues), the previous outcome (0: previous first token wrong, 1: right,
-        2: no previous proposal) and the source (0 lookup, 1 copy)."""
+        2: no previous proposal) and the source (0 lookup, 1 copy, 2 suffix)."""
         b = 0
         for i, lo in enumerate(self._LEN_BUCKETS):
             if proposal_len >= lo:

@@ -1,0 +1,131 @@
+"""Suffix drafting (SuffixDecoding, Oliaro et al. 2024): the most frequent continuation of
+the longest suffix match, in the current request and in a store of earlier requests.
+
+``SuffixDrafter`` keeps a depth-bounded suffix trie of its request (every substring of
+up to ``max_depth + 1`` tokens, with its count); a ``SuffixStore`` keeps one over earlier
+requests, shared by any number of drafters and threads. docs/drafters.md gives the
+proposal rule, costs and the store's guarantees.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import _core
+from ._validate import as_tokens, check_int
+from .drafters import CoreSequenceDrafter
+from .gate import AdaptiveGate
+
+__all__ = ["SuffixDrafter", "SuffixStore", "SUFFIX_MAX_DEPTH"]
+
+#: the largest ``max_depth`` (memory grows with it: up to max_depth + 1 nodes a token)
+SUFFIX_MAX_DEPTH = 1024
+
+
+def _check_depth(max_depth) -> int:
+    return check_int("max_depth", max_depth, 1, SUFFIX_MAX_DEPTH)
+
+
+class SuffixStore:
+    """Earlier requests' tokens (prompts and outputs), for ``SuffixDrafter``.
+
+    Holds at most ``max_tokens`` tokens: adding a request evicts whole requests, oldest
+    first, until it fits; a request longer than ``max_tokens`` is not kept. Matches in
+    the store are at most ``max_depth`` tokens long. Safe to share between threads:
+    drafters propose from it under a shared lock while ``add`` or ``clear`` hold it
+    exclusively (readers wait for an add to finish, never see half of one).
+    ``len(store)`` is the number of requests held.
+    """
+
+    def __init__(self, max_tokens: int = 1_000_000, max_depth: int = 64):
+        max_tokens = check_int("max_tokens", max_tokens, 1)
+        self._core = _core.SuffixStore(max_tokens, _check_depth(max_depth))
+
+    @property
+    def max_tokens(self) -> int:
+        return self._core.max_tokens
+
+    @property
+    def max_depth(self) -> int:
+        return self._core.max_depth
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens held, over every request."""
+        return self._core.n_tokens
+
+    @property
+    def n_requests(self) -> int:
+        return self._core.n_requests
+
+    def __len__(self) -> int:
+        return self._core.n_requests
+
+    def add(self, tokens) -> None:
+        """Keep a finished request (its prompt and output), evicting the oldest requests
+        as the memory bound needs."""
+        self._core.add(as_tokens(tokens))
+
+    def clear(self) -> None:
+        """Forget every request."""
+        self._core.clear()
+
+    def __repr__(self) -> str:
+        return (f"<SuffixStore {self.n_requests} requests, {self.n_tokens} of {self.max_tokens} tokens, "
+                f"max_depth={self.max_depth}>")
+
+
+class SuffixDrafter(CoreSequenceDrafter):
+    """SuffixDecoding's drafter: from the longest suffix of the sequence (up to
+    ``max_depth`` tokens) that occurred before, follow the most frequent continuation
+    token by token (equal counts: the one seen latest), each with its empirical
+    probability count(context + token) / count(context followed by anything). The draft
+    stops before the running product of those probabilities falls below ``min_prob``,
+    and is at most ``alpha`` times the match length long (and ``n_draft``).
+
+    With a ``store``, the request is matched in the store too and the proposal with the
+    longer match wins (then the one with more expected accepted tokens, then the
+    request's own); the request is added to the store when the drafter is reset for the
+    next one, or by ``finish()``. The gate keys on the match length.
+    """
+
+    _SOURCE = 2
+
+    def __init__(self, n_draft: int = 16, max_depth: int = 64, alpha: float = 4.0, min_prob: float = 0.1,
+                 store: SuffixStore | None = None, gate: AdaptiveGate | None = None):
+        super().__init__(n_draft, gate)
+        max_depth = _check_depth(max_depth)
+        alpha = _check_real("alpha", alpha)
+        min_prob = _check_real("min_prob", min_prob)
+        if not (alpha > 0 and math.isfinite(alpha)):
+            raise ValueError(f"alpha must be a positive finite number, got {alpha}")
+        if not 0.0 <= min_prob <= 1.0:
+            raise ValueError(f"min_prob must be in [0, 1], got {min_prob}")
+        if store is not None and not isinstance(store, SuffixStore):
+            raise TypeError(f"store must be a SuffixStore or None, got {type(store).__name__}")
+        self.max_depth = max_depth
+        self.alpha = alpha
+        self.min_prob = min_prob
+        self.store = store
+        self._core = _core.SuffixDrafter(max_depth, alpha, min_prob, None if store is None else store._core)
+
+    def finish(self) -> None:
+        """Hand the request so far to the store (if any) and start an empty sequence;
+        a following ``reset`` adds nothing more."""
+        self._core.finish()
+        self.reset([])
+
+    def __repr__(self) -> str:
+        extra = ", store" if self.store is not None else ""
+        gated = ", gated" if self.gate is not None else ""
+        return (f"<SuffixDrafter n_draft={self.n_draft} max_depth={self.max_depth} alpha={self.alpha} "
+                f"min_prob={self.min_prob}{extra}{gated}, {self._buf.n} tokens>")
+
+
+def _check_real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__}") from None
