@@ -97,6 +97,15 @@ class NgramModTable:
         return f"<NgramModTable {self.size} slots, {self.used} used>"
 
 
+def _small_tokens(toks) -> np.ndarray:
+    """as_tokens for the few tokens a growing prompt gains per call: a list of plain ints
+    skips numpy's reductions, whose fixed cost would dominate."""
+    if type(toks) is list and toks and all(type(t) is int for t in toks) and min(toks) >= 0 \
+            and max(toks) <= INT32_MAX:
+        return np.array(toks, dtype=np.int32)
+    return as_tokens(toks, "prompt")
+
+
 class _LlamaShaped:
     """What the llama.cpp-shaped drafters share: the prompt handed to the core's copy
     with as little conversion as the caller allows."""
@@ -117,7 +126,7 @@ class _LlamaShaped:
             if n >= self._n:
                 start = max(0, self._n - _GUARD)
                 try:
-                    tail = as_tokens(prompt[start:], "prompt")
+                    tail = _small_tokens(prompt[start:])
                 except TypeError:  # not sliceable: converted whole below
                     tail = None
                 if tail is not None and core.extend(tail, start):
