@@ -48,10 +48,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import ngramcache as nc  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
+from ngramcache.catalog import make_drafter  # noqa: E402
 from ngramcache.models import model_path  # noqa: E402
 
 VARIANTS = ("plain", "lcpp-plain", "pld-10", "pld-2", "fixed8-lcpp", "fixed8", "lookup", "ngc", "ngc+static",
-            "oracle")
+            "suffix", "simple", "map-k", "mod", "pld", "oracle")
+# every drafter of ngramcache.catalog, with the adaptive gate, in ngramcache's loop; the
+# llama.cpp drafters with their own parameters sized for short generations (their
+# server defaults, n-grams of 12-24 tokens, seldom match within 128 tokens)
+CATALOG_VARIANTS = {
+    "suffix": ("suffix", {}),
+    "simple": ("simple", {"size_n": 3, "size_m": 16}),
+    "map-k": ("map-k", {"size_n": 3, "size_m": 16}),
+    "mod": ("mod", {"n_match": 8, "n_min": 1, "n_max": 16}),
+    "pld": ("pld", {"max_ngram": 3, "min_ngram": 1}),
+}
 # files whose text the workloads quote: kept out of the static corpus
 EXCLUDE = {"posixpath.py", "textwrap.py", "shlex.py", "genericpath.py"}
 
@@ -96,7 +107,7 @@ def oracle_draft_len(costs: list[float], n_max: int) -> int:
 
 
 def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_draft: int,
-              static_bytes: int, threads: int | None, log) -> dict:
+              static_bytes: int, threads: int | None, log, variants=VARIANTS) -> dict:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     llm = nl.make_llama(model_path, n_ctx=4096, n_threads=threads)
@@ -126,9 +137,9 @@ def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_
             if o.tokens.tolist() == oracle_truth.tolist():
                 break
             oracle_truth = o.tokens
-        runs = {v: [] for v in VARIANTS}
+        runs = {v: [] for v in variants}
         for r in range(repeats):
-            order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
+            order = variants if r % 2 == 0 else variants[::-1]
             for v in order:
                 if v == "plain":
                     res = nl.generate(llm, task.prompt, None, n_tokens)
@@ -152,6 +163,10 @@ def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_
                 elif v == "ngc+static":
                     res = nl.generate(llm, task.prompt, nc.CopyDrafter(static=static, n_draft=n_draft,
                                                                        gate=nc.AdaptiveGate(costs)), n_tokens)
+                elif v in CATALOG_VARIANTS:
+                    kind, opts = CATALOG_VARIANTS[v]
+                    d = make_drafter(kind, n_draft=n_draft, gate=nc.AdaptiveGate(costs), **opts)
+                    res = nl.generate(llm, task.prompt, d, n_tokens)
                 else:
                     res = nl.generate(llm, task.prompt, nc.OracleDrafter(oracle_truth, n_draft=k_oracle), n_tokens)
                 runs[v].append(res)
@@ -173,25 +188,25 @@ def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_
         results[task.name] = {"n_prompt": n_prompt, "variants": row}
         p = row["plain"]
         log(f"[{name}] {task.name}: prompt {n_prompt} tok; plain {p['gen_tok_s']:.1f} tok/s; " + ", ".join(
-            f"{v} {row[v]['gen_tok_s'] / p['gen_tok_s']:.2f}x" for v in VARIANTS[1:]))
+            f"{v} {row[v]['gen_tok_s'] / p['gen_tok_s']:.2f}x" for v in variants[1:]))
     llm_pld.close()
     llm.close()
     return {"model": os.path.basename(model_path), "costs": costs, "oracle_k": k_oracle, "tasks": results}
 
 
-def markdown(all_results: dict, key: str) -> str:
+def markdown(all_results: dict, key: str, variants=VARIANTS) -> str:
     lines = []
     for model, res in all_results.items():
         lines.append(f"\n**{model}** ({res['model']}), {'generation only' if key == 'gen_tok_s' else 'end to end (prompt included)'}:"
                      f" tok/s, speedup over plain, share of the oracle's tok/s\n")
-        lines.append("| workload | prompt tok | " + " | ".join(VARIANTS) + " |")
-        lines.append("|---|---:|" + "---:|" * len(VARIANTS))
+        lines.append("| workload | prompt tok | " + " | ".join(variants) + " |")
+        lines.append("|---|---:|" + "---:|" * len(variants))
         for task, tr in res["tasks"].items():
             v = tr["variants"]
             base = v["plain"][key]
             orc = v["oracle"][key]
             cells = []
-            for name in VARIANTS:
+            for name in variants:
                 x = v[name][key]
                 cell = f"{x:.1f}" if name == "plain" else f"{x:.1f} ({x / base:.2f}x, {100 * x / orc:.0f}%)"
                 if not v[name]["identical"]:
@@ -202,7 +217,7 @@ def markdown(all_results: dict, key: str) -> str:
         for task, tr in res["tasks"].items():
             v = tr["variants"]
             acc.append(f"{task}: " + ", ".join(
-                f"{n} {v[n]['accepted']}/{v[n]['drafted']}" for n in ("pld-10", "pld-2", "fixed8", "lookup", "ngc", "ngc+static", "oracle")))
+                f"{n} {v[n]['accepted']}/{v[n]['drafted']}" for n in variants if n not in ("plain", "lcpp-plain")))
         if key == "gen_tok_s":
             lines.append("\naccepted/drafted: " + "; ".join(acc))
     return "\n".join(lines)
@@ -218,8 +233,17 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="all", help="comma list of workload names, or all")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="smoke test: 16 tokens, 1 round, 2 workloads, 200 KB static")
+    ap.add_argument("--variants", default="all",
+                    help="comma list of variants (plain and oracle are always run), or all: " + ",".join(VARIANTS))
     ap.add_argument("--json", metavar="FNAME", help="also write every figure here")
     args = ap.parse_args(argv)
+    variants = VARIANTS
+    if args.variants != "all":
+        want = set(args.variants.split(",")) | {"plain", "oracle"}
+        bad = want - set(VARIANTS)
+        if bad:
+            ap.error(f"unknown variants: {', '.join(sorted(bad))}")
+        variants = tuple(v for v in VARIANTS if v in want)
     if args.quick:
         args.tokens, args.repeats, args.static_bytes = 16, 1, 200_000
     tasks = data.bench_tasks()
@@ -233,11 +257,11 @@ def main(argv=None) -> int:
     for m in args.models.split(","):
         path = model_path(m)  # a packaged model's name or a GGUF file
         all_results[m] = run_model(m, path, tasks, args.tokens, args.repeats, args.n_draft, args.static_bytes,
-                                   args.threads, log)
+                                   args.threads, log, variants)
     print(f"\n{args.tokens} tokens per run, median of {args.repeats} rounds, "
           f"threads={args.threads or 'default'}; ≠@i: output differs from plain greedy from token i")
-    print(markdown(all_results, "gen_tok_s"))
-    print(markdown(all_results, "e2e_tok_s"))
+    print(markdown(all_results, "gen_tok_s", variants))
+    print(markdown(all_results, "e2e_tok_s", variants))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": all_results}, f, indent=1)

@@ -38,3 +38,22 @@ def test_cli_generate_json_and_errors(gemma_path, tmp_path, capsys):
     assert rc == 2 and "spec-draft-n-max" in capsys.readouterr().err
     rc = main(["generate", "-p", "", "-n", "2"])
     assert rc == 2 and "empty" in capsys.readouterr().err
+
+
+@pytest.mark.model
+def test_cli_generate_every_drafter_gives_plain_greedy_text(gemma_path, capsys):
+    from ngramcache.catalog import DRAFTERS
+    from ngramcache.cli import main
+
+    base = ["generate", "-p", PROMPTS[0], "-n", "24", "--json", "-c", "1024"]
+    assert main(base + ["--no-draft"]) == 0
+    plain = json.loads(capsys.readouterr().out)["text"]
+    for name in DRAFTERS:
+        assert main(base + ["--drafter", name]) == 0, name
+        out = json.loads(capsys.readouterr().out)
+        assert out["drafter"] == name
+        assert out["text"] == plain, name
+    rc = main(base + ["--drafter", "suffix", "-lcs", "x.ngst"])
+    assert rc == 2 and "-lcs and -lcd apply" in capsys.readouterr().err
+    rc = main(base + ["--drafter", "mod", "--no-copy"])
+    assert rc == 2 and "--no-copy" in capsys.readouterr().err

@@ -41,7 +41,7 @@ except ImportError:  # the loop still runs on any Backend; real models need the 
 
 from . import generation, models
 from ._validate import as_tokens, check_int
-from .drafters import CopyDrafter, Drafter, DraftStats, LookupDrafter
+from .drafters import Drafter, DraftStats
 from .files import atomic_open
 from .gate import AdaptiveGate, check_costs
 from .generation import Backend, GenerationResult
@@ -516,16 +516,23 @@ def verify_costs(llm, max_batch: int = 9, refresh: bool = False) -> list[float]:
     return costs
 
 
-def adaptive_drafter(llm, static=None, dynamic=None, n_draft: int = 16, ngram_min: int = 1,
-                     ngram_max: int = 4, refresh: bool = False, copy: bool = True) -> LookupDrafter:
-    """ngramcache's drafter for ``llm``: a ``CopyDrafter`` (copies of earlier spans, else
-    llama.cpp's lookup; ``copy=False``: a ``LookupDrafter``) whose draft lengths follow
-    this model's verification costs (``verify_costs``) and the acceptance seen so far
-    (``AdaptiveGate``)."""
+def adaptive_drafter(llm, static=None, dynamic=None, n_draft: int = 16, ngram_min: int | None = None,
+                     ngram_max: int | None = None, refresh: bool = False, copy: bool = True,
+                     drafter: str | None = None, **options) -> Drafter:
+    """ngramcache's drafter for ``llm``, with draft lengths that follow this model's
+    verification costs (``verify_costs``) and the acceptance seen so far
+    (``AdaptiveGate``).
+
+    ``drafter``: a name of ``ngramcache.catalog.DRAFTERS`` (default
+    ``catalog.DEFAULT_DRAFTER``; ``copy=False`` without a name: ``lookup``), built with
+    ``options`` (its constructor's keywords); ``static``, ``dynamic``, ``ngram_min`` and
+    ``ngram_max`` apply to ``lookup`` and ``copy``."""
+    from .catalog import DEFAULT_DRAFTER, make_drafter
+
     n_draft = check_int("n_draft", n_draft, 0)
+    if drafter is None:
+        drafter = DEFAULT_DRAFTER if copy else "lookup"
     n_batch = _backend(llm).n_batch
     costs = verify_costs(llm, max_batch=min(n_draft + 1, n_batch), refresh=refresh) if n_draft > 0 else [1.0]
-    cls = CopyDrafter if copy else LookupDrafter
-    return cls(static=static, dynamic=dynamic, n_draft=n_draft, ngram_min=ngram_min,
-               ngram_max=ngram_max, gate=AdaptiveGate(costs))
-
+    return make_drafter(drafter, n_draft=n_draft, gate=AdaptiveGate(costs), static=static, dynamic=dynamic,
+                        ngram_min=ngram_min, ngram_max=ngram_max, **options)

@@ -23,7 +23,7 @@ from .files import atomic_open, open_cache
 from .progress import peak_rss_bytes
 from .static_table import StaticTable
 
-__all__ = ["ReplayStats", "replay", "SOURCES"]
+__all__ = ["ReplayStats", "replay", "replay_drafter", "SOURCES"]
 
 SOURCES = ("context", "dynamic", "static")
 
@@ -75,6 +75,7 @@ class ReplayStats:
     overlap_dynamic: int = 0
     overlap_any: int = 0
     static_kind: str = "none"
+    drafter: str = "lookup"   # what drafted: llama.cpp's lookup, or another drafter's name
     static_load_s: float | None = None
     dynamic_load_s: float | None = None
     peak_rss_bytes: int = 0
@@ -153,21 +154,25 @@ class ReplayStats:
             out.append(f"  {'dynamic load':<{w}}{self.dynamic_load_s * 1e3:.3f} ms")
         out.append(f"  {'peak RSS':<{w}}{fmt_bytes(self.peak_rss_bytes)}")
         out.append("")
-        out.append("overlap: positions whose preceding 2-gram was seen before")
-        for label, n in (("in the replayed text", self.overlap_text), ("in the static cache", self.overlap_static),
-                         ("in the dynamic cache", self.overlap_dynamic), ("in any of them", self.overlap_any)):
-            out.append(f"  {label:<{w}}{pct(n, self.overlap_positions)}  ({n:,} of {self.overlap_positions:,})")
-        out.append("")
-        out.append(f"  {'by source':<16}{'drafted':>10}{'accepted':>10}{'accept':>9}{'share of accepted':>19}")
-        for s in SOURCES:
-            d, a = self.drafted_by_source.get(s, 0), self.accepted_by_source.get(s, 0)
-            out.append(f"  {s:<16}{d:>10,}{a:>10,}{pct(a, d):>9}{pct(a, self.n_accept):>19}")
-        out.append("")
-        out.append(f"  {'by n-gram size':<16}{'drafted':>10}{'accepted':>10}{'accept':>9}{'share of accepted':>19}")
-        for k in range(1, 5):
-            d, a = self.drafted_by_ngram.get(k, 0), self.accepted_by_ngram.get(k, 0)
-            out.append(f"  {k:<16}{d:>10,}{a:>10,}{pct(a, d):>9}{pct(a, self.n_accept):>19}")
-        out.append("")
+        if self.drafter == "lookup":  # where lookup's drafts came from
+            out.append("overlap: positions whose preceding 2-gram was seen before")
+            for label, n in (("in the replayed text", self.overlap_text), ("in the static cache", self.overlap_static),
+                             ("in the dynamic cache", self.overlap_dynamic), ("in any of them", self.overlap_any)):
+                out.append(f"  {label:<{w}}{pct(n, self.overlap_positions)}  ({n:,} of {self.overlap_positions:,})")
+            out.append("")
+            out.append(f"  {'by source':<16}{'drafted':>10}{'accepted':>10}{'accept':>9}{'share of accepted':>19}")
+            for s in SOURCES:
+                d, a = self.drafted_by_source.get(s, 0), self.accepted_by_source.get(s, 0)
+                out.append(f"  {s:<16}{d:>10,}{a:>10,}{pct(a, d):>9}{pct(a, self.n_accept):>19}")
+            out.append("")
+            out.append(f"  {'by n-gram size':<16}{'drafted':>10}{'accepted':>10}{'accept':>9}{'share of accepted':>19}")
+            for k in range(1, 5):
+                d, a = self.drafted_by_ngram.get(k, 0), self.accepted_by_ngram.get(k, 0)
+                out.append(f"  {k:<16}{d:>10,}{a:>10,}{pct(a, d):>9}{pct(a, self.n_accept):>19}")
+            out.append("")
+        else:
+            out.append(f"drafter: {self.drafter}")
+            out.append("")
         out.append(f"  {'draft position':<16}{'drafted':>10}{'accepted':>10}{'accept':>9}")
         for i, (d, a) in enumerate(zip(self.drafted_by_position, self.accepted_by_position)):
             out.append(f"  {i + 1:<16}{d:>10,}{a:>10,}{pct(a, d):>9}")
@@ -336,3 +341,60 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
     return _stats_from(r, n_draft=n_draft, n_ctx=n_ctx, n_input=n_input, n_predict=n_input - n_input % n_ctx,
                        t_draft_flat=(static_load_s or 0.0) + (dynamic_load_s or 0.0), static_kind=static_kind,
                        static_load_s=static_load_s, dynamic_load_s=dynamic_load_s, peak_rss_bytes=peak_rss_bytes())
+
+
+def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
+                   progress: Callable[[int, int], object] | None = None) -> ReplayStats:
+    """Replay ``tokens`` with any of ngramcache's compiled drafters, in C++: the loop of
+    ``replay`` (chunks of ``n_ctx``, each a new request: the drafter is reset with the
+    chunk's first token), proposing up to ``n_draft`` tokens per step, accepting the
+    longest prefix that matches the text plus the next text token, handed to the drafter
+    in one ``accept`` as a speculative loop does. What the drafter keeps across requests
+    (a ``SuffixStore``, an ``NgramModTable``) carries from chunk to chunk.
+
+    ``drafter``: a drafter with a compiled core (every drafter of ``ngramcache.catalog``
+    except ``lookup``, which ``replay`` measures exactly as llama-lookup-stats). Its gate,
+    if any, is not consulted: the replay measures the proposals themselves. Its state is
+    replaced by the replay's last chunk. The per-source, per-n-gram and overlap figures
+    are lookup's own and stay empty.
+    """
+    n_ctx = check_int("n_ctx", n_ctx, 2)
+    n_draft = check_int("n_draft", n_draft, 0)
+    check_int("n_draft", n_draft, hi=MAX_REPLAY_DRAFT)
+    arr = as_tokens(tokens)
+    if arr.size <= n_ctx:
+        raise ValueError(f"tokens: {arr.size} tokens is too short to replay with n_ctx = {n_ctx}: the replay "
+                         f"needs at least {n_ctx + 1}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
+    core = _replay_core(drafter)
+    r = _core.replay_drafter(core, arr, n_ctx, n_draft, progress)
+    n_input = int(arr.size)
+    fields = {f: getattr(r, f) for f in ("n_chunks", "n_steps", "n_drafted", "n_accept", "draft_length_hist",
+                                         "accept_length_hist", "drafted_by_position", "accepted_by_position")}
+    return ReplayStats(n_draft=n_draft, n_ctx=n_ctx, n_input=n_input, n_predict=n_input - n_input % n_ctx,
+                       t_draft_flat=0.0, t_draft=r.t_draft_ns * 1e-9, t_replay=r.t_replay_ns * 1e-9,
+                       drafter=_drafter_name(drafter), peak_rss_bytes=peak_rss_bytes(), **fields)
+
+
+def _replay_core(drafter):
+    from .drafters import CoreSequenceDrafter
+
+    core = getattr(drafter, "_core", None) if isinstance(drafter, CoreSequenceDrafter) else None
+    if core is None:
+        raise TypeError(f"replay_drafter needs a drafter with a compiled core (copy, suffix, simple, map-k, "
+                        f"map-k4v, mod or pld), got {type(drafter).__name__}; replay() measures lookup")
+    # the drafter's own buffer would no longer describe its core after the replay
+    drafter.reset([])
+    return core
+
+
+def _drafter_name(drafter) -> str:
+    from .catalog import DRAFTERS, drafter_class
+
+    for name in DRAFTERS:
+        if type(drafter) is drafter_class(name):
+            if name.startswith("map-k"):
+                return "map-k4v" if getattr(drafter, "k4v", False) else "map-k"
+            return name
+    return type(drafter).__name__

@@ -9,6 +9,7 @@ import sys
 import time
 
 from ._common import UsageError, add_output_flags, check_ranges, command_parser, emit
+from ._drafters import add_drafter_flags, drafter_options
 from ._inputs import add_prompt_input, add_threads_flag, read_prompt
 
 HELP = "show the speedup on a real model, offline (plain vs llama-cpp-python vs ngramcache)"
@@ -23,9 +24,9 @@ ways, in turn, --repeats times:
 
   plain       greedy decoding, one token per step (ngramcache's loop without drafts)
   llama-cpp   llama-cpp-python's own loop with LlamaPromptLookupDecoding (its defaults)
-  ngramcache  copies of earlier spans, else llama.cpp's lookup drafts (CopyDrafter), draft
-              lengths chosen from the measured cost of verification on this model and
-              the acceptance so far
+  ngramcache  ngramcache's default drafter (--drafter to choose another: docs/drafters.md),
+              draft lengths chosen from the measured cost of verification on this model
+              and the acceptance so far
 
 and the table shows medians: tokens/s for generation alone and end to end (prompt
 included), speedups over plain, drafted/accepted tokens, and whether each output is
@@ -48,6 +49,9 @@ def add_parser(sub) -> None:
     add_threads_flag(p)
     p.add_argument("--show", type=int, default=12, metavar="LINES",
                    help="print this many lines of the generated text (default: 12; 0: none)")
+    from ..catalog import DEFAULT_DRAFTER
+
+    add_drafter_flags(p, DEFAULT_DRAFTER, "what drafts for ngramcache")
     add_output_flags(p, "the figures")
 
 
@@ -61,6 +65,7 @@ def run(args) -> int:
 
     check_ranges(args, [("n_predict", 1, "-n must be >= 1"), ("repeats", 1, "--repeats must be >= 1"),
                         ("n_draft", 1, "--spec-draft-n-max must be >= 1"), ("threads", 1, "-t must be >= 1")])
+    drafter_options(args)
     prompt = read_prompt(args)
     if prompt is None:
         task = data.type_hints_task()
@@ -73,7 +78,7 @@ def run(args) -> int:
         if not (args.json or args.quiet):
             print(msg, file=sys.stderr, flush=True)
 
-    say(f"model: {os.path.basename(model)}   prompt: {source}")
+    say(f"model: {os.path.basename(model)}   prompt: {source}   drafter: {args.drafter}")
     llm = nl.make_llama(model, n_ctx=4096, n_threads=args.threads)
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -85,7 +90,10 @@ def run(args) -> int:
     llp = nl.CountingDraftModel(LlamaPromptLookupDecoding())
     llm_llp = nl.make_llama(model, drafter=llp, n_ctx=n_ctx, n_threads=args.threads)
     t = time.perf_counter()
-    drafter = nl.adaptive_drafter(llm, n_draft=args.n_draft)
+    try:
+        drafter = nl.adaptive_drafter(llm, n_draft=args.n_draft, drafter=args.drafter, **drafter_options(args))
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"--drafter {args.drafter}: {e}") from None
     say(f"verification costs: {time.perf_counter() - t:.1f} s to measure or load "
         f"(batch of {args.n_draft + 1} = {drafter.gate.costs[-1]:.2f}x one token)")
     # first touches of the weights are page faults, not decoding
@@ -114,7 +122,7 @@ def run(args) -> int:
         lines = text.splitlines()
         shown = (f"\nngramcache's output ({len(lines)} lines; first {min(args.show, len(lines))}):\n\n"
                  + "\n".join(lines[: args.show]) + "\n")
-    result = {"model": model, "prompt_source": source, "n_prompt": n_prompt, "n_predict": args.n_predict,
+    result = {"model": model, "drafter": args.drafter, "prompt_source": source, "n_prompt": n_prompt, "n_predict": args.n_predict,
               "repeats": args.repeats, "methods": rows, "text": text}
     return emit(args, result, title="", columns=table_columns(rows), text=shown)
 

@@ -8,6 +8,7 @@ import sys
 import time
 
 from ._common import UsageError, add_output_flags, check_ranges, command_parser, emit
+from ._drafters import add_drafter_flags, build_drafter, drafter_options
 from ._inputs import add_prompt_input, add_threads_flag, read_prompt
 
 HELP = "generate text with a real model and lookup drafting (llama-lookup)"
@@ -19,12 +20,14 @@ Like llama.cpp's llama-lookup: prints the prompt and the text as it is generated
 summary block on stderr. Differences: greedy by default (--temp 0), -n defaults to 128,
 and draft lengths adapt to what verification costs on this model and how often drafts are
 right (measured once per model and kept in ~/.cache/ngramcache); --fixed-draft always
-drafts up to --spec-draft-n-max tokens, as llama-lookup does.
+drafts up to --spec-draft-n-max tokens, as llama-lookup does. --drafter chooses what drafts
+(docs/drafters.md); -lcs and -lcd apply to the lookup and copy drafters.
 
 examples:
   python -m ngramcache generate -p "def fib(n):" -n 64
   python -m ngramcache generate -m model.gguf -f prompt.txt -lcs corpus.ngst -lcd dyn.bin --color
   python -m ngramcache generate -f prompt.txt --no-draft        # plain decoding, to compare
+  python -m ngramcache generate -f prompt.txt --drafter suffix
 
 exit status: 0 ok, 1 missing/unreadable file or missing llama-cpp-python, 2 bad arguments.
 """
@@ -53,16 +56,19 @@ def add_parser(sub) -> None:
     p.add_argument("--fixed-draft", action="store_true",
                    help="llama-lookup's behaviour: its lookup drafts only, always up to --spec-draft-n-max tokens")
     p.add_argument("--no-copy", action="store_true",
-                   help="adaptive, but llama.cpp's lookup drafts only (no copies of earlier spans)")
+                   help="the same as --drafter lookup: llama.cpp's lookup drafts only (no copies of earlier spans)")
     p.add_argument("--no-prompt", action="store_true", help="do not echo the prompt")
+    from ..catalog import DEFAULT_DRAFTER
+
+    add_drafter_flags(p, DEFAULT_DRAFTER, "what drafts")
     add_output_flags(p, "the text and figures")
 
 
 def run(args) -> int:
     from .. import llama as nl
     from ..cache import NgramCache
-    from ..drafters import LookupDrafter
     from ..files import open_cache
+    from ..gate import AdaptiveGate
     from ..models import model_path
 
     check_ranges(args, [("n_draft", 0, "--spec-draft-n-max must be >= 0"), ("n_predict", -1, "-n must be >= -1"),
@@ -70,6 +76,15 @@ def run(args) -> int:
                         ("threads", 1, "-t must be >= 1")])
     if args.temp < 0:
         raise UsageError(f"--temp must be >= 0, got {args.temp}")
+    if args.no_copy:
+        if args.drafter not in ("lookup", "copy"):
+            raise UsageError(f"--no-copy means --drafter lookup; it contradicts --drafter {args.drafter}")
+        args.drafter = "lookup"
+    if args.fixed_draft and args.drafter == "copy":
+        args.drafter = "lookup"  # llama-lookup's own drafts
+    drafter_options(args)
+    if args.drafter not in ("lookup", "copy") and (args.lookup_cache_static or args.lookup_cache_dynamic):
+        raise UsageError(f"-lcs and -lcd apply to --drafter lookup or copy, not {args.drafter}")
     prompt = read_prompt(args)
     model = model_path(args.model)
 
@@ -83,11 +98,11 @@ def run(args) -> int:
     llm = nl.make_llama(model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads)
     drafter = None
     if not args.no_draft:
-        if args.fixed_draft or args.n_draft == 0:
-            drafter = LookupDrafter(static=static, dynamic=dynamic, n_draft=args.n_draft)
-        else:
-            drafter = nl.adaptive_drafter(llm, static=static, dynamic=dynamic, n_draft=args.n_draft,
-                                          copy=not args.no_copy)
+        gate = None
+        if not (args.fixed_draft or args.n_draft == 0):
+            n_batch = nl.LlamaBackend.of(llm).n_batch
+            gate = AdaptiveGate(nl.verify_costs(llm, max_batch=min(args.n_draft + 1, n_batch)))
+        drafter = build_drafter(args, n_draft=args.n_draft, gate=gate, static=static, dynamic=dynamic)
     n_predict = args.n_predict if args.n_predict >= 0 else args.ctx_size
 
     out = sys.stdout
@@ -114,7 +129,7 @@ def run(args) -> int:
     if show:
         out.write(dec.decode(b"", final=True) + "\n\n")
         out.flush()
-    if drafter is not None and args.lookup_cache_dynamic:
+    if drafter is not None and args.lookup_cache_dynamic and hasattr(drafter, "save_dynamic"):
         drafter.save_dynamic(args.lookup_cache_dynamic)
 
     t_gen = r.t_total - r.t_prompt
@@ -127,6 +142,7 @@ def run(args) -> int:
         "t_draft_flat": t_draft_flat, "t_draft": r.t_draft, "t_verify": r.t_verify, "t_total": r.t_total,
         "steps": r.steps, "stop_reason": r.stop_reason,
         "adaptive": drafter is not None and getattr(drafter, "gate", None) is not None,
+        "drafter": args.drafter if drafter is not None else None,
     }
     # llama-lookup's closing block, on stderr as llama.cpp logs it
     speeds = (f"encoded {r.n_prompt:4d} tokens in {r.t_prompt:8.3f} seconds, speed: "

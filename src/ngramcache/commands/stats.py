@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from ._common import RunError, Timer, UsageError, add_output_flags, check_ranges, command_parser, emit, note
+from ._drafters import add_drafter_flags, build_drafter, drafter_options
 from ._inputs import add_text_input, check_text_input, read_text_input
 
 DEFAULT_N_CTX = 4096
@@ -21,10 +22,15 @@ chunk its context cache is merged into the dynamic cache (in memory only: -lcd i
 written). It prints llama-lookup-stats' summary block, then where accepted drafts came
 from, acceptance by draft position, overlap, timings and memory.
 
+--drafter NAME replays another drafter the same way, in C++ (each chunk is a request; what
+the drafter keeps across requests carries over), so that drafters can be compared on one
+text: acceptance, drafted tokens, the accepted-length histogram and us per drafted token.
+
 examples:
   python -m ngramcache stats -m SmolLM2.gguf -f prose.txt -c 4096 --spec-draft-n-max 8
   python -m ngramcache stats --tokens prose.tokens.i32 -lcs corpus.ngst --json
   python -m ngramcache stats --tokens prose.tokens.i32 -lcs lookup.bin --plot accept.png
+  python -m ngramcache stats --tokens prose.tokens.i32 --drafter suffix --spec-draft-n-max 16
 
 exit status: 0 ok, 1 unreadable file or missing optional module, 2 bad arguments or an
 input too short for one chunk.
@@ -45,6 +51,7 @@ def add_parser(sub) -> None:
                    help=f"chunk size in tokens, >= 2 (default: {DEFAULT_N_CTX})")
     r.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_N_DRAFT, metavar="N", dest="n_draft",
                    help=f"most tokens drafted per step, >= 0 (default: {DEFAULT_N_DRAFT}, as llama.cpp)")
+    add_drafter_flags(p, "lookup", "what drafts")
     o = p.add_argument_group("output")
     o.add_argument("--plot", metavar="PNG",
                    help="also draw acceptance by draft position and by source to this PNG (needs matplotlib)")
@@ -53,11 +60,17 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..progress import Progress, fmt_seconds
-    from ..stats import replay
+    from ..stats import replay, replay_drafter
 
     check_ranges(args, [("ctx_size", 2, "-c/--ctx-size must be >= 2 (it is the chunk size in tokens)"),
                         ("n_draft", 0, "--spec-draft-n-max must be >= 0")])
     check_text_input(args)
+    drafter = None  # None: llama.cpp's lookup, replayed exactly as llama-lookup-stats
+    drafter_options(args)  # an option of another drafter is a usage error
+    if args.drafter != "lookup":
+        if args.lookup_cache_static is not None or args.lookup_cache_dynamic is not None:
+            raise UsageError(f"-lcs and -lcd apply to --drafter lookup, not {args.drafter}")
+        drafter = build_drafter(args, n_draft=args.n_draft)
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -80,8 +93,12 @@ def run(args) -> int:
         dynamic = None
     n_replay = (n_input - 1) // n_ctx * n_ctx
     with Progress(total=n_replay, desc="replay", unit="tok", quiet=args.quiet) as bar:
-        stats = replay(tokens, n_ctx, args.n_draft, static=args.lookup_cache_static, dynamic=dynamic,
-                       progress=lambda done, total: bar.update(done - bar.n))
+        progress = lambda done, total: bar.update(done - bar.n)  # noqa: E731
+        if drafter is None:
+            stats = replay(tokens, n_ctx, args.n_draft, static=args.lookup_cache_static, dynamic=dynamic,
+                           progress=progress)
+        else:
+            stats = replay_drafter(tokens, drafter, n_ctx, args.n_draft, progress=progress)
 
     emit(args, stats.to_dict(), text=stats.summary() + "\n" + stats.table(), json_indent=2)
     if args.plot is not None:
