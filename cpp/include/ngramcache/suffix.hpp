@@ -50,6 +50,8 @@ public:
         uint32_t count = 0;   // occurrences of this node's string
         uint32_t nsucc = 0;   // of those, followed by a token (= sum of the children's counts)
         uint32_t best = 0;    // the child with the highest count, newest among equals (0: none)
+        uint32_t best_count = 0;  // its count and token, so that a step reads one node
+        token_t best_tok = 0;
         uint32_t link = 0;    // the node of this string without its first token
         uint32_t first = 0;   // children, a doubly linked list (to choose a new best after removals)
         uint32_t next = 0;
@@ -63,7 +65,10 @@ public:
         size_t len = 0;
     };
 
-    explicit SuffixTrie(size_t max_depth) : depth_(max_depth) { clear(); }
+    // Only a removable trie keeps the children lists (a request's own trie never forgets).
+    explicit SuffixTrie(size_t max_depth, bool removable = true) : depth_(max_depth), removable_(removable) {
+        clear();
+    }
 
     size_t max_depth() const { return depth_; }
     size_t n_nodes() const { return nodes_.size() - 1 - free_.size(); }
@@ -89,6 +94,8 @@ public:
     void append(Cursor& cur, token_t c, uint64_t stamp) {
         uint32_t below = 0;  // the new node one level up, i.e. the suffix link of the next
         const size_t len = cur.len;
+        // every slot to be visited is known now: fetch them together, not one miss at a time
+        for (size_t i = 0; i <= len; ++i) __builtin_prefetch(&slots_[home(cur.act[i], c)]);
         for (size_t i = 0; i <= len; ++i) {
             const uint32_t w = bump(cur.act[i], c, stamp, below);
             if (i > 0) cur.act[i] = below;
@@ -150,6 +157,7 @@ public:
         for (uint32_t u : dirty) {
             Node& un = nodes_[u];
             un.best = 0;
+            un.best_count = 0;
             if (un.count == 0) continue;  // removed itself
             for (uint32_t c = un.first; c; c = nodes_[c].next) {
                 const Node& cn = nodes_[c];
@@ -159,6 +167,10 @@ public:
                 }
                 const Node& bn = nodes_[un.best];
                 if (cn.count > bn.count || (cn.count == bn.count && cn.last > bn.last)) un.best = c;
+            }
+            if (un.best) {
+                un.best_count = nodes_[un.best].count;
+                un.best_tok = nodes_[un.best].tok;
             }
         }
     }
@@ -174,9 +186,11 @@ private:
 
     size_t home(uint32_t u, token_t c) const {
         uint64_t k = (static_cast<uint64_t>(u) << 32) | static_cast<uint32_t>(c);
+        k ^= k >> 30;
+        k *= 0xBF58476D1CE4E5B9ull;
+        k ^= k >> 27;
+        k *= 0x94D049BB133111EBull;
         k ^= k >> 31;
-        k *= 0x9E3779B97F4A7C15ull;
-        k ^= k >> 29;
         return static_cast<size_t>(k) & (slots_.size() - 1);
     }
 
@@ -233,9 +247,11 @@ private:
             Node& wn = nodes_[w];
             wn.tok = c;
             wn.link = link_if_new;
-            wn.next = nodes_[u].first;
-            if (wn.next) nodes_[wn.next].prev = w;
-            nodes_[u].first = w;
+            if (removable_) {
+                wn.next = nodes_[u].first;
+                if (wn.next) nodes_[wn.next].prev = w;
+                nodes_[u].first = w;
+            }
             slots_[s] = Slot{u, c, w};
             ++used_;
         }
@@ -245,11 +261,16 @@ private:
         Node& un = nodes_[u];
         ++un.nsucc;
         // the root's best child is never asked for (a proposal needs a match of >= 1)
-        if (u != 0 && (!un.best || wn.count >= nodes_[un.best].count)) un.best = w;
+        if (u != 0 && wn.count >= un.best_count) {
+            un.best = w;
+            un.best_count = wn.count;
+            un.best_tok = c;
+        }
         return w;
     }
 
     size_t depth_;
+    bool removable_;
     std::vector<Node> nodes_;
     std::vector<uint32_t> free_;
     std::vector<Slot> slots_;
@@ -330,7 +351,7 @@ public:
     SuffixDrafter(size_t max_depth = 64, double alpha = 4.0, double min_prob = 0.1,
                   std::shared_ptr<SuffixStore> store = nullptr)
         : depth_(SuffixStore::check_depth(max_depth)), alpha_(alpha), min_prob_(min_prob),
-          store_(std::move(store)), trie_(depth_), cur_(trie_.start()) {
+          store_(std::move(store)), trie_(depth_, false), cur_(trie_.start()) {
         if (!(alpha > 0.0) || !std::isfinite(alpha))
             throw InputError("alpha must be a positive finite number, got " + std::to_string(alpha));
         if (!(min_prob >= 0.0 && min_prob <= 1.0))
@@ -418,10 +439,9 @@ private:
         while (k < limit) {
             const SuffixTrie::Node& un = t.node(u);
             if (un.nsucc == 0) break;
-            const SuffixTrie::Node& wn = t.node(un.best);
-            p *= static_cast<double>(wn.count) / static_cast<double>(un.nsucc);
+            p *= static_cast<double>(un.best_count) / static_cast<double>(un.nsucc);
             if (p < min_prob_) break;
-            out[k++] = wn.tok;
+            out[k++] = un.best_tok;
             score += p;
             u = un.best;
             if (++d > dmax) {
