@@ -444,6 +444,8 @@ class PromptLookupDrafter(CoreSequenceDrafter):
         max_ngram = check_int("max_ngram", max_ngram, 1, PROMPT_LOOKUP_MAX_NGRAM)
         if min_ngram > max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if not isinstance(match, str):
+            raise TypeError(f"match must be 'first' or 'recent', got {type(match).__name__}")
         if match not in ("first", "recent"):
             raise ValueError(f"match must be 'first' or 'recent', got {match!r}")
         self.max_ngram = max_ngram
