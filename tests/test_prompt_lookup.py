@@ -112,7 +112,7 @@ def test_random_streams_equal_llama_cpp_python(alpha, data, max_ngram, n_draft, 
 
 @needs_prose
 @REAL
-@given(offset=st.integers(0, 55000), length=st.integers(20, 2000), max_ngram=st.integers(1, 4),
+@given(offset=st.integers(0, 55000), length=st.integers(200, 2000), max_ngram=st.integers(1, 4),
        n_draft=st.integers(1, 12), batches=batch_sizes)
 def test_real_text_equals_llama_cpp_python(offset, length, max_ngram, n_draft, batches):
     d = PromptLookupDrafter(max_ngram=max_ngram, n_draft=n_draft)
