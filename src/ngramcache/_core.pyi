@@ -133,6 +133,8 @@ class SuffixStore:
     @property
     def n_nodes(self) -> int: ...
     @property
+    def nbytes(self) -> int: ...
+    @property
     def max_tokens(self) -> int: ...
     @property
     def max_depth(self) -> int: ...
@@ -147,6 +149,8 @@ class SuffixDrafter:
     def confidence(self) -> int: ...
     @property
     def n_nodes(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
 
 # llama.cpp's ngram-simple, ngram-map-k/k4v, ngram-mod (ngramcache.speculative)
 class NgramSimple:
@@ -223,3 +227,25 @@ class NgramModSequence:
     def propose(self, n_max: int) -> Tokens: ...
     @property
     def confidence(self) -> int: ...
+
+class DrafterReplayResult:
+    n_input: int
+    n_ctx: int
+    n_draft: int
+    n_chunks: int
+    n_steps: int
+    n_drafted: int
+    n_accept: int
+    t_draft_ns: int
+    t_replay_ns: int
+    draft_length_hist: list[int]
+    accept_length_hist: list[int]
+    drafted_by_position: list[int]
+    accepted_by_position: list[int]
+
+SequenceCore = Union[CopyDrafter, PromptLookupDrafter, SuffixDrafter, NgramSimpleSequence, NgramMapSequence,
+                     NgramModSequence]
+
+# one overload per compiled drafter of the sequence protocol; the GIL is released for the loop
+def replay_drafter(drafter: SequenceCore, tokens: Tokens, n_ctx: int, n_draft: int,
+                   progress: Optional[Callable[[int, int], object]]) -> DrafterReplayResult: ...

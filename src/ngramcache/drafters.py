@@ -188,9 +188,12 @@ class SequenceDrafter:
         if new.size:
             last = self._last
             m = min(last.size, new.size)
-            if m:
-                eq = last[:m] == new[:m]
-                self._stats.accepted += int(m if eq.all() else np.argmin(eq))
+            if m:  # lists: numpy's per-call cost would dominate a comparison of a few tokens
+                a, b = last[:m].tolist(), new[:m].tolist()
+                k = 0
+                while k < m and a[k] == b[k]:
+                    k += 1
+                self._stats.accepted += k
             if self._first is not None:
                 self._prev = 1 if int(new[0]) == self._first else 0
             elif self.gate is not None:
