@@ -555,6 +555,7 @@ void register_sequence_drafters(py::module_& m) {
         .def_property_readonly("n_tokens", &SuffixStore::n_tokens)
         .def_property_readonly("n_requests", &SuffixStore::n_requests)
         .def_property_readonly("n_nodes", &SuffixStore::n_nodes)
+        .def_property_readonly("nbytes", &SuffixStore::memory_bytes)
         .def_property_readonly("max_tokens", &SuffixStore::max_tokens)
         .def_property_readonly("max_depth", &SuffixStore::max_depth);
     bind_sequence_drafter<SuffixDrafter>(m, "SuffixDrafter",
@@ -564,7 +565,8 @@ void register_sequence_drafters(py::module_& m) {
              }),
              "max_depth"_a, "alpha"_a, "min_prob"_a, "store"_a.none(true))
         .def("finish", [](Bound<SuffixDrafter>& b) { b.use().finish(); })
-        .def_property_readonly("n_nodes", [](Bound<SuffixDrafter>& b) { return b.use().n_nodes(); });
+        .def_property_readonly("n_nodes", [](Bound<SuffixDrafter>& b) { return b.use().n_nodes(); })
+        .def_property_readonly("nbytes", [](Bound<SuffixDrafter>& b) { return b.use().memory_bytes(); });
 }
 
 }  // namespace

@@ -98,6 +98,25 @@ def test_eviction_keeps_whole_requests_oldest_first():
     assert (len(s), s.n_tokens, s.n_requests) == (0, 0, 0)
 
 
+def test_nbytes_follows_what_is_held():
+    s = SuffixStore(max_tokens=5000, max_depth=16)
+    empty = s.nbytes
+    rng = np.random.default_rng(3)
+    text = rng.integers(0, 1000, 2000)
+    s.add(text)
+    grown = s.nbytes
+    # at least a node's fields and the tokens themselves, for every node
+    assert grown >= empty + 36 * s._core.n_nodes + 4 * text.size
+    s.add(text)  # a repeat adds its tokens but shares every node
+    assert s.nbytes - grown < (grown - empty) // 4
+    s.clear()  # gives the memory back
+    assert s.nbytes <= empty
+    d = SuffixDrafter(max_depth=16)
+    before = d.nbytes
+    d.reset(text)
+    assert d.nbytes >= before + 20 * d._core.n_nodes
+
+
 def test_store_drafts_a_repeat_of_an_earlier_request():
     earlier = list(range(100, 140))
     store = SuffixStore()

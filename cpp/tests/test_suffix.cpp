@@ -243,6 +243,52 @@ TEST(store_forgets_evicted_requests_entirely) {
     CHECK_EQ(s.n_nodes(), fresh.n_nodes());
 }
 
+TEST(stamps_moved_down_keep_every_proposal) {
+    // A store whose 32-bit stamps are moved down every few requests proposes exactly what
+    // one that never moves them does, ties (which read the stamps) included.
+    std::mt19937 rng(21);
+    for (int it = 0; it < 20; ++it) {
+        auto plain = std::make_shared<SuffixStore>(60, 4);
+        auto moved = std::make_shared<SuffixStore>(60, 4, 61 + static_cast<uint64_t>(it % 5) * 7);
+        SuffixDrafter a(4, 2.0, 0.0, plain), b(4, 2.0, 0.0, moved);
+        for (int r = 0; r < 30; ++r) {
+            const Tokens t = repetitive(rng, 3 + rng() % 25, 2 + static_cast<token_t>(it % 3));
+            a.reset(t.data(), 1);
+            b.reset(t.data(), 1);
+            for (size_t i = 1; i <= t.size(); ++i) {
+                check::note() = "it " + std::to_string(it) + " request " + std::to_string(r) + " at " +
+                                std::to_string(i);
+                CHECK_EQ(propose(a, 8), propose(b, 8));
+                CHECK_EQ(a.confidence(), b.confidence());
+                if (i < t.size()) {
+                    a.accept(&t[i], 1);
+                    b.accept(&t[i], 1);
+                }
+            }
+        }
+        CHECK_EQ(plain->n_nodes(), moved->n_nodes());
+    }
+    check::note().clear();
+    // a stamp range smaller than the store's bound cannot hold it
+    SuffixStore tight(50, 4, 20);
+    const Tokens t(15, 1);
+    tight.add(t.data(), t.size());
+    CHECK_THROWS_AS(tight.add(t.data(), t.size()), std::length_error, "too many tokens");
+}
+
+TEST(memory_is_counted) {
+    SuffixStore s(1000, 8);
+    const size_t empty = s.memory_bytes();
+    std::mt19937 rng(4);
+    const Tokens t = test::random_stream(rng, 500, 50);
+    s.add(t.data(), t.size());
+    CHECK(s.memory_bytes() >= empty + s.n_nodes() * 40 + t.size() * sizeof(token_t));
+    SuffixDrafter d(8);
+    const size_t d0 = d.memory_bytes();
+    d.reset(t.data(), t.size());
+    CHECK(d.memory_bytes() >= d0 + d.n_nodes() * 20);
+}
+
 TEST(bad_arguments) {
     CHECK_THROWS_AS(SuffixDrafter(0), InputError, "max_depth");
     CHECK_THROWS_AS(SuffixDrafter(64, 0.0), InputError, "alpha");

@@ -58,6 +58,12 @@ class SuffixStore:
     def n_requests(self) -> int:
         return self._core.n_requests
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the store has allocated: its trie (about 4.4 KB a token of text that
+        does not repeat, at max_depth 64; repeats share nodes) and the tokens held."""
+        return self._core.nbytes
+
     def __len__(self) -> int:
         return self._core.n_requests
 
@@ -108,6 +114,12 @@ class SuffixDrafter(CoreSequenceDrafter):
         self.min_prob = min_prob
         self.store = store
         self._core = _core.SuffixDrafter(max_depth, alpha, min_prob, None if store is None else store._core)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for the current request (its trie and tokens), not counting
+        the store's."""
+        return self._core.nbytes
 
     def finish(self) -> None:
         """Hand the request so far to the store (if any) and start an empty sequence;

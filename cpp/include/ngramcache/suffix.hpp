@@ -12,7 +12,8 @@
 // three in O(max_depth) per token with a flat hash table of edges, and a proposal of k
 // tokens is k pointer steps (best child, plus a suffix link when the context reaches
 // max_depth). The price is memory: up to max_depth + 1 nodes per distinct position,
-// about 60 bytes each (docs/drafters.md).
+// about 70 bytes each in the store and 45 in a request's own trie, with the edge table
+// (docs/drafters.md).
 //
 // Proposal rule, shared by the request's own trie and the store's:
 //   * match: the longest suffix x of the sequence, |x| <= max_depth, that occurs
@@ -35,6 +36,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ngram.hpp"
@@ -43,21 +45,34 @@ namespace ngramcache {
 
 constexpr size_t kSuffixMaxDepth = 1024;  // beyond this the trie's memory per token is absurd
 
-class SuffixTrie {
+// Removable: the store's trie, which forgets whole sequences (oldest first) and so keeps
+// what choosing a new best child needs (children lists, tokens, stamps). A request's own
+// trie never forgets and keeps none of that: a node there is 20 bytes instead of 40.
+template <bool Removable>
+class BasicSuffixTrie {
 public:
-    struct Node {
-        uint64_t last = 0;    // stamp of the newest occurrence (larger: seen later)
+    struct StoreNode {
+        uint32_t last = 0;    // stamp of the newest occurrence (larger: seen later), relative to a base
         uint32_t count = 0;   // occurrences of this node's string
         uint32_t nsucc = 0;   // of those, followed by a token (= sum of the children's counts)
         uint32_t best = 0;    // the child with the highest count, newest among equals (0: none)
         uint32_t best_count = 0;  // its count and token, so that a step reads one node
         token_t best_tok = 0;
         uint32_t link = 0;    // the node of this string without its first token
-        uint32_t first = 0;   // children, a doubly linked list (to choose a new best after removals)
+        uint32_t first = 0;   // children, a singly linked list (to choose a new best after removals)
         uint32_t next = 0;
-        uint32_t prev = 0;
         token_t tok = 0;      // the last token of this node's string
     };
+    // A request's own trie reads a suffix link only from a node at depth max_depth + 1
+    // (a step past max_depth), and such a node never has children: `best` holds the link.
+    struct RequestNode {
+        uint32_t count = 0;
+        uint32_t nsucc = 0;
+        uint32_t best = 0;  // at depth max_depth + 1: the suffix link
+        uint32_t best_count = 0;
+        token_t best_tok = 0;
+    };
+    using Node = std::conditional_t<Removable, StoreNode, RequestNode>;
 
     // The nodes of every suffix (length 0..len) of a sequence being appended.
     struct Cursor {
@@ -65,14 +80,26 @@ public:
         size_t len = 0;
     };
 
-    // Only a removable trie keeps the children lists (a request's own trie never forgets).
-    explicit SuffixTrie(size_t max_depth, bool removable = true) : depth_(max_depth), removable_(removable) {
-        clear();
-    }
+    explicit BasicSuffixTrie(size_t max_depth) : depth_(max_depth) { clear(); }
 
     size_t max_depth() const { return depth_; }
     size_t n_nodes() const { return nodes_.size() - 1 - free_.size(); }
     const Node& node(uint32_t i) const { return nodes_[i]; }
+
+    // The node of node u's string without its first token. In a request's trie only for
+    // u at depth max_depth + 1.
+    uint32_t link(uint32_t u) const {
+        if constexpr (Removable)
+            return nodes_[u].link;
+        else
+            return nodes_[u].best;
+    }
+
+    // Bytes allocated (nodes, edge table, free list).
+    size_t memory_bytes() const {
+        return nodes_.capacity() * sizeof(Node) + slots_.capacity() * sizeof(Slot) +
+               free_.capacity() * sizeof(uint32_t);
+    }
 
     void clear() {
         nodes_.assign(1, Node{});
@@ -90,14 +117,15 @@ public:
     uint32_t child(uint32_t u, token_t c) const { return slots_[find_slot(u, c)].child; }
 
     // Append token c to the sequence of `cur`: one occurrence more for each of its
-    // suffixes of length 1..len+1 (the deepest at max_depth + 1).
-    void append(Cursor& cur, token_t c, uint64_t stamp) {
+    // suffixes of length 1..len+1 (the deepest at max_depth + 1). `stamp` is only kept
+    // by a removable trie.
+    void append(Cursor& cur, token_t c, uint32_t stamp = 0) {
         uint32_t below = 0;  // the new node one level up, i.e. the suffix link of the next
         const size_t len = cur.len;
         // every slot to be visited is known now: fetch them together, not one miss at a time
         for (size_t i = 0; i <= len; ++i) __builtin_prefetch(&slots_[home(cur.act[i], c)]);
         for (size_t i = 0; i <= len; ++i) {
-            const uint32_t w = bump(cur.act[i], c, stamp, below);
+            const uint32_t w = bump(cur.act[i], c, stamp, below, i == depth_);
             if (i > 0) cur.act[i] = below;
             below = w;
         }
@@ -107,15 +135,24 @@ public:
         }
     }
 
-    void insert(const token_t* p, size_t n, uint64_t& stamp) {
+    // Stamps are stamp, stamp + 1, ...; on return `stamp` is one past the last.
+    void insert(const token_t* p, size_t n, uint32_t& stamp) {
         Cursor cur = start();
         for (size_t j = 0; j < n; ++j) append(cur, p[j], stamp++);
+    }
+
+    // Every stamp kept is at least `delta`: take it off them all.
+    void rebase(uint32_t delta) {
+        static_assert(Removable, "only a removable trie keeps stamps");
+        for (size_t i = 1; i < nodes_.size(); ++i)
+            if (nodes_[i].count) nodes_[i].last -= delta;
     }
 
     // Forget a sequence inserted earlier, which must be older than every other sequence
     // still in the trie: then the newest occurrence of every surviving node lies in a
     // surviving sequence and the `last` stamps stay exact.
     void remove(const token_t* p, size_t n) {
+        static_assert(Removable, "a request's trie never forgets");
         std::vector<std::pair<uint32_t, uint32_t>> dead;  // (parent, node)
         std::vector<uint32_t> dirty;                      // nodes whose best child lost counts
         Cursor cur = start();
@@ -143,17 +180,26 @@ public:
             }
         }
         // Counts are exact only once the whole sequence is out (a string's occurrence
-        // leaves before its extension's does), so nodes go only now.
+        // leaves before its extension's does), so nodes go only now. A surviving parent
+        // drops its dead children from its list in one pass (the root: once, not once a
+        // dead child); a dead parent's list goes with it.
+        std::vector<uint32_t> prune;
         for (const auto& [u, w] : dead) {
             erase_slot(find_slot(u, nodes_[w].tok));
-            Node& wn = nodes_[w];
-            if (wn.prev)
-                nodes_[wn.prev].next = wn.next;
-            else
-                nodes_[u].first = wn.next;
-            if (wn.next) nodes_[wn.next].prev = wn.prev;
-            free_.push_back(w);
+            if (u == 0 || nodes_[u].count > 0) prune.push_back(u);
         }
+        std::sort(prune.begin(), prune.end());
+        prune.erase(std::unique(prune.begin(), prune.end()), prune.end());
+        for (uint32_t u : prune) {
+            uint32_t* at = &nodes_[u].first;
+            while (*at) {
+                if (nodes_[*at].count == 0)
+                    *at = nodes_[*at].next;
+                else
+                    at = &nodes_[*at].next;
+            }
+        }
+        for (const auto& dw : dead) free_.push_back(dw.second);
         for (uint32_t u : dirty) {
             Node& un = nodes_[u];
             un.best = 0;
@@ -230,7 +276,7 @@ private:
         --used_;
     }
 
-    uint32_t bump(uint32_t u, token_t c, uint64_t stamp, uint32_t link_if_new) {
+    uint32_t bump(uint32_t u, token_t c, uint32_t stamp, uint32_t link_if_new, bool deepest) {
         if ((used_ + 1) * 4 > slots_.size() * 3) grow();
         const size_t s = find_slot(u, c);
         uint32_t w = slots_[s].child;
@@ -245,22 +291,24 @@ private:
                 nodes_.emplace_back();
             }
             Node& wn = nodes_[w];
-            wn.tok = c;
-            wn.link = link_if_new;
-            if (removable_) {
+            if constexpr (Removable) {
+                wn.tok = c;
+                wn.link = link_if_new;
                 wn.next = nodes_[u].first;
-                if (wn.next) nodes_[wn.next].prev = w;
                 nodes_[u].first = w;
+            } else if (deepest) {
+                wn.best = link_if_new;
             }
             slots_[s] = Slot{u, c, w};
             ++used_;
         }
         Node& wn = nodes_[w];
         ++wn.count;
-        wn.last = stamp;
+        if constexpr (Removable) wn.last = stamp;
         Node& un = nodes_[u];
         ++un.nsucc;
-        // the root's best child is never asked for (a proposal needs a match of >= 1)
+        // the root's best child is never asked for (a proposal needs a match of >= 1);
+        // the node being counted now is the newest, so it wins a tie
         if (u != 0 && wn.count >= un.best_count) {
             un.best = w;
             un.best_count = wn.count;
@@ -270,12 +318,14 @@ private:
     }
 
     size_t depth_;
-    bool removable_;
     std::vector<Node> nodes_;
     std::vector<uint32_t> free_;
     std::vector<Slot> slots_;
     size_t used_ = 0;
 };
+
+using SuffixTrie = BasicSuffixTrie<true>;
+using RequestSuffixTrie = BasicSuffixTrie<false>;
 
 // Earlier requests, for every drafter that shares the store. Readers (proposals) hold a
 // shared lock for the O(k) of a proposal; a writer (add, clear) holds the lock
@@ -283,8 +333,11 @@ private:
 // oldest first, to keep the tokens held within max_tokens.
 class SuffixStore {
 public:
-    explicit SuffixStore(size_t max_tokens = 1000000, size_t max_depth = 64)
-        : max_tokens_(max_tokens), trie_(check_depth(max_depth)) {
+    // Stamps are 32-bit, counted from the oldest request held: when they would pass
+    // stamp_limit (below 2^32 only in tests), they are all moved down.
+    explicit SuffixStore(size_t max_tokens = 1000000, size_t max_depth = 64, uint64_t stamp_limit = UINT32_MAX)
+        : max_tokens_(max_tokens), stamp_limit_(std::min<uint64_t>(stamp_limit, UINT32_MAX)),
+          trie_(check_depth(max_depth)) {
         if (max_tokens < 1) throw InputError("max_tokens must be >= 1, got 0");
     }
 
@@ -292,23 +345,35 @@ public:
     void add(const token_t* p, size_t n) {
         if (n == 0 || n > max_tokens_) return;
         std::unique_lock<std::shared_mutex> lk(mu_);
+        ++version_;  // first: node ids change even if this add throws
         while (!reqs_.empty() && n_tokens_ + n > max_tokens_) {
             const auto& r = reqs_.front();
             trie_.remove(r.data(), r.size());
             n_tokens_ -= r.size();
             reqs_.pop_front();
+            starts_.pop_front();
+        }
+        if (uint64_t(stamp_) + n > stamp_limit_) {
+            // every live stamp is at least the oldest request's first
+            const uint32_t delta = starts_.empty() ? stamp_ : starts_.front();
+            trie_.rebase(delta);
+            for (uint32_t& s : starts_) s -= delta;
+            stamp_ -= delta;
+            if (uint64_t(stamp_) + n > stamp_limit_) throw std::length_error("suffix store: too many tokens");
         }
         reqs_.emplace_back(p, p + n);
+        starts_.push_back(stamp_);
         trie_.insert(p, n, stamp_);
         n_tokens_ += n;
-        ++version_;
     }
 
     void clear() {
         std::unique_lock<std::shared_mutex> lk(mu_);
         reqs_.clear();
-        trie_.clear();
+        starts_.clear();
+        trie_ = SuffixTrie(trie_.max_depth());  // gives the memory back (clear() keeps it)
         n_tokens_ = 0;
+        stamp_ = 0;
         ++version_;
     }
 
@@ -326,6 +391,13 @@ public:
         std::shared_lock<std::shared_mutex> lk(mu_);
         return trie_.n_nodes();
     }
+    // Bytes allocated: the trie and the tokens held.
+    size_t memory_bytes() const {
+        std::shared_lock<std::shared_mutex> lk(mu_);
+        size_t b = trie_.memory_bytes();
+        for (const auto& r : reqs_) b += r.capacity() * sizeof(token_t) + sizeof(r);
+        return b + starts_.size() * sizeof(uint32_t);
+    }
 
     static size_t check_depth(size_t d) {
         if (d < 1 || d > kSuffixMaxDepth)
@@ -337,11 +409,13 @@ public:
 private:
     friend class SuffixDrafter;
     const size_t max_tokens_;
+    const uint64_t stamp_limit_;
     mutable std::shared_mutex mu_;
     SuffixTrie trie_;
     std::deque<std::vector<token_t>> reqs_;
+    std::deque<uint32_t> starts_;  // each request's first stamp
     size_t n_tokens_ = 0;
-    uint64_t stamp_ = 0;
+    uint32_t stamp_ = 0;  // the next token's
     uint64_t version_ = 1;  // changes with every add and clear; 0 is never current
 };
 
@@ -351,7 +425,7 @@ public:
     SuffixDrafter(size_t max_depth = 64, double alpha = 4.0, double min_prob = 0.1,
                   std::shared_ptr<SuffixStore> store = nullptr)
         : depth_(SuffixStore::check_depth(max_depth)), alpha_(alpha), min_prob_(min_prob),
-          store_(std::move(store)), trie_(depth_, false), cur_(trie_.start()) {
+          store_(std::move(store)), trie_(depth_), cur_(trie_.start()) {
         if (!(alpha > 0.0) || !std::isfinite(alpha))
             throw InputError("alpha must be a positive finite number, got " + std::to_string(alpha));
         if (!(min_prob >= 0.0 && min_prob <= 1.0))
@@ -378,7 +452,7 @@ public:
 
     void accept(const token_t* t, size_t n) {
         for (size_t j = 0; j < n; ++j) {
-            trie_.append(cur_, t[j], seq_.size());
+            trie_.append(cur_, t[j]);
             seq_.push_back(t[j]);
             // the match grows by at most one token per token
             match_ = std::min(match_ + 1, cur_.len);
@@ -426,10 +500,13 @@ public:
     double min_prob() const { return min_prob_; }
     size_t n_tokens() const { return seq_.size(); }
     size_t n_nodes() const { return trie_.n_nodes(); }
+    // Bytes allocated for the request (its trie and tokens), not the store's.
+    size_t memory_bytes() const { return trie_.memory_bytes() + seq_.capacity() * sizeof(token_t); }
     const std::shared_ptr<SuffixStore>& store() const { return store_; }
 
 private:
-    size_t walk(const SuffixTrie& t, uint32_t u, size_t d, size_t dmax, size_t n_max, token_t* out,
+    template <class Trie>
+    size_t walk(const Trie& t, uint32_t u, size_t d, size_t dmax, size_t n_max, token_t* out,
                 double& score) const {
         const double cap = alpha_ * static_cast<double>(d);
         const size_t limit = cap >= static_cast<double>(n_max) ? n_max : static_cast<size_t>(cap);
@@ -437,7 +514,7 @@ private:
         score = 0.0;
         size_t k = 0;
         while (k < limit) {
-            const SuffixTrie::Node& un = t.node(u);
+            const auto& un = t.node(u);
             if (un.nsucc == 0) break;
             p *= static_cast<double>(un.best_count) / static_cast<double>(un.nsucc);
             if (p < min_prob_) break;
@@ -445,7 +522,7 @@ private:
             score += p;
             u = un.best;
             if (++d > dmax) {
-                u = t.node(u).link;
+                u = t.link(u);
                 d = dmax;
             }
         }
@@ -485,8 +562,8 @@ private:
     double alpha_, min_prob_;
     std::shared_ptr<SuffixStore> store_;
     size_t store_depth_ = 0;
-    SuffixTrie trie_;
-    SuffixTrie::Cursor cur_;
+    RequestSuffixTrie trie_;
+    RequestSuffixTrie::Cursor cur_;
     std::vector<token_t> seq_;
     size_t match_ = 0;
     int conf_ = 0;
