@@ -222,6 +222,27 @@ TEST(matches_brute_force_with_store_and_eviction) {
     }
 }
 
+TEST(matches_brute_force_with_long_copies_between_requests) {
+    // Requests that copy long stretches of earlier ones: matches run far below the
+    // store's leaves, past max_depth, and across evictions.
+    std::mt19937 rng(33);
+    for (int it = 0; it < 6; ++it) {
+        const token_t vocab = 3 + static_cast<token_t>(it * 3);
+        std::vector<Tokens> reqs{repetitive(rng, 60, vocab)};
+        for (int r = 1; r < 5; ++r) {
+            Tokens t = repetitive(rng, 10, vocab);
+            const Tokens& src = reqs[rng() % reqs.size()];
+            const size_t a = rng() % (src.size() / 2);
+            t.insert(t.end(), src.begin() + static_cast<std::ptrdiff_t>(a), src.end());
+            const Tokens tail = repetitive(rng, 10, vocab);
+            t.insert(t.end(), tail.begin(), tail.end());
+            reqs.push_back(t);
+        }
+        const size_t depth = 8 + static_cast<size_t>(it % 3) * 4, store_depth = 6 + static_cast<size_t>(it % 2) * 6;
+        compare(rng, reqs, depth, 2.0 + it % 3, (it % 2) * 0.1, 150, store_depth, true);
+    }
+}
+
 TEST(store_forgets_evicted_requests_entirely) {
     // after evicting everything, the trie holds exactly what a fresh store would
     SuffixStore s(10, 4);

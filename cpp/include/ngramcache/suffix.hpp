@@ -327,6 +327,390 @@ private:
 using SuffixTrie = BasicSuffixTrie<true>;
 using RequestSuffixTrie = BasicSuffixTrie<false>;
 
+// The store's trie. A string seen once is not a chain of nodes: the shortest prefix of it
+// that occurs once is a leaf that records where (which request, where the occurrence
+// ends), and the longer strings are read from that request's tokens. When a second
+// occurrence reaches a leaf, the leaf becomes a node and the first occurrence's next token
+// a new leaf below it, one level per token appended. A node's counts, best child, stamps
+// and suffix link are exactly those of the full trie; a leaf's count is 1 and its one
+// continuation is the text after its occurrence. Text that does not repeat costs a few
+// nodes per token instead of max_depth + 1.
+//
+// A full node's strings' suffixes are full nodes too (a suffix occurs at least as often),
+// so an append or a removal follows full nodes only: the suffixes ending at the new token
+// that lie below a leaf occur once, there, and need no change.
+class StoreSuffixTrie {
+public:
+    static constexpr uint32_t kLeaf = 0xfffffffeu;
+    struct Node {
+        uint32_t last = 0;        // stamp of the newest occurrence, relative to a base
+        uint32_t count = 0;       // occurrences of this node's string
+        uint32_t nsucc = 0;       // of those, followed by a token (= sum of the children's counts)
+        uint32_t best = 0;        // the child with the highest count, newest among equals; kLeaf: a leaf
+        uint32_t best_count = 0;  // its count and token, so that a step reads one node
+        token_t best_tok = 0;
+        uint32_t link = 0;   // the node of this string without its first token; a leaf: where its occurrence ends
+        uint32_t first = 0;  // children, a singly linked list; a leaf: its request
+        uint32_t next = 0;
+        token_t tok = 0;     // the last token of this node's string
+    };
+
+    // A string in the trie: node g's (d == dg), or one below a leaf (d > dg): then it is
+    // request rid's tokens [end - d, end), and g is the deepest node on its path.
+    struct Pos {
+        uint32_t g = 0, dg = 0, d = 0;
+        uint32_t rid = 0, end = 0;
+    };
+
+    explicit StoreSuffixTrie(size_t max_depth) : depth_(max_depth) { clear(); }
+
+    size_t max_depth() const { return depth_; }
+    size_t n_nodes() const { return nodes_.size() - 1 - free_.size(); }
+    size_t n_texts() const { return texts_.size(); }
+    size_t front_size() const { return texts_.front().size(); }
+    const Node& node(uint32_t i) const { return nodes_[i]; }
+
+    size_t memory_bytes() const {
+        size_t b = nodes_.capacity() * sizeof(Node) + slots_.capacity() * sizeof(Slot) +
+                   free_.capacity() * sizeof(uint32_t) + starts_.size() * sizeof(uint32_t);
+        for (const auto& t : texts_) b += t.capacity() * sizeof(token_t) + sizeof(t);
+        return b;
+    }
+
+    void clear() {
+        nodes_.assign(1, Node{});
+        free_.clear();
+        slots_.assign(kMinSlots, Slot{});
+        used_ = 0;
+        texts_.clear();
+        starts_.clear();
+    }
+
+    uint32_t child(uint32_t u, token_t c) const { return slots_[find_slot(u, c)].child; }
+
+    // Whether the string at p was followed by a token (p.d <= max_depth).
+    bool has_next(const Pos& p) const {
+        if (p.d == p.dg) return nodes_[p.g].nsucc > 0;
+        return p.end < text(p.rid).size();
+    }
+
+    // One step along the most frequent continuation of p (has_next(p)): its token, and
+    // in q its share of the continuations.
+    token_t best_step(Pos& p, double& q) const {
+        if (p.d != p.dg) {
+            q = 1.0;
+            ++p.d;
+            return text(p.rid)[p.end++];
+        }
+        const Node& un = nodes_[p.g];
+        q = static_cast<double>(un.best_count) / static_cast<double>(un.nsucc);
+        enter(p, un.best);
+        return un.best_tok;
+    }
+
+    // p extended by token c, if that string occurs.
+    bool advance(Pos& p, token_t c) const {
+        if (p.d != p.dg) {
+            const auto& t = text(p.rid);
+            if (p.end >= t.size() || t[p.end] != c) return false;
+            ++p.d;
+            ++p.end;
+            return true;
+        }
+        const uint32_t w = child(p.g, c);
+        if (!w) return false;
+        enter(p, w);
+        return true;
+    }
+
+    // p without its first token (p.d >= 1). Below a leaf, the suffix's deepest node is
+    // found from the suffix link of g downwards: g's depth falls by one a call and rises
+    // by one a step, so this is O(1) amortised over a walk along the text.
+    void shorten(Pos& p) const {
+        const uint32_t target = p.d - 1;
+        if (p.d == p.dg) {
+            p.g = nodes_[p.g].link;
+            p.d = p.dg = target;
+            return;
+        }
+        uint32_t u = p.dg ? nodes_[p.g].link : 0, du = p.dg ? p.dg - 1 : 0;
+        const token_t* t = text(p.rid).data() + (p.end - target);
+        while (du < target) {
+            const uint32_t w = child(u, t[du]);
+            if (nodes_[w].best == kLeaf) break;
+            u = w;
+            ++du;
+        }
+        p.g = u;
+        p.dg = du;
+        p.d = target;
+    }
+
+    // Keep a request; its tokens get stamps stamp, stamp + 1, ... (one past on return).
+    void add(const token_t* p, size_t n, uint32_t& stamp) {
+        const uint32_t rid = first_id_ + static_cast<uint32_t>(texts_.size());
+        texts_.emplace_back(p, p + n);
+        starts_.push_back(stamp);
+        std::vector<uint32_t> act(depth_ + 1, 0);
+        size_t F = 0;  // act[0..F]: the suffixes that are nodes (not below a leaf)
+        for (size_t j = 0; j < n; ++j, ++stamp) {
+            const token_t c = p[j];
+            uint32_t below = 0;
+            size_t nf = 0;
+            for (size_t i = 0; i <= F; ++i) {
+                const uint32_t u = act[i];
+                if ((used_ + 2) * 4 > slots_.size() * 3) grow();
+                const size_t s = find_slot(u, c);
+                uint32_t w = slots_[s].child;
+                bool full = true;
+                if (!w) {
+                    w = new_child(s, u, c);
+                    make_leaf(w, rid, static_cast<uint32_t>(j + 1), i + 1);
+                    full = false;
+                } else if (nodes_[w].best == kLeaf) {
+                    split(w, below, i + 1);
+                }
+                Node& wn = nodes_[w];
+                ++wn.count;
+                wn.last = stamp;
+                Node& un = nodes_[u];
+                ++un.nsucc;
+                // the root's best child is never asked for; the newest wins a tie
+                if (u != 0 && wn.count >= un.best_count) {
+                    un.best = w;
+                    un.best_count = wn.count;
+                    un.best_tok = c;
+                }
+                if (i > 0) act[i] = below;
+                below = w;
+                if (full) nf = i + 1;
+            }
+            if (F < depth_) act[F + 1] = below;
+            F = std::min(nf, depth_);
+        }
+    }
+
+    // Forget the oldest request: then the newest occurrence of every surviving node lies
+    // in a surviving request and the stamps stay exact.
+    void pop_front() {
+        const std::vector<token_t>& t = texts_.front();
+        std::vector<std::pair<uint32_t, uint32_t>> dead;  // (parent, node)
+        std::vector<uint32_t> dirty;                      // nodes whose best child lost counts
+        std::vector<uint32_t> act(depth_ + 1, 0);
+        size_t F = 0;
+        for (size_t j = 0; j < t.size(); ++j) {
+            uint32_t below = 0;
+            size_t nf = 0;
+            for (size_t i = 0; i <= F; ++i) {
+                const uint32_t u = act[i];
+                const uint32_t w = child(u, t[j]);
+                Node& wn = nodes_[w];
+                const bool full = wn.best != kLeaf;  // a leaf on the way is this request's
+                --wn.count;
+                Node& un = nodes_[u];
+                --un.nsucc;
+                if (wn.count == 0) dead.emplace_back(u, w);
+                if (u != 0 && un.best == w) {
+                    un.best = kDirty;  // also keeps u from being listed twice
+                    dirty.push_back(u);
+                }
+                if (i > 0) act[i] = below;
+                below = w;
+                if (full) nf = i + 1;
+            }
+            if (F < depth_) act[F + 1] = below;
+            F = std::min(nf, depth_);
+        }
+        // Counts are exact only once the whole request is out, so nodes go only now. A
+        // surviving parent drops its dead children in one pass (the root: once).
+        std::vector<uint32_t> prune;
+        for (const auto& [u, w] : dead) {
+            erase_slot(find_slot(u, nodes_[w].tok));
+            if (u == 0 || nodes_[u].count > 0) prune.push_back(u);
+        }
+        std::sort(prune.begin(), prune.end());
+        prune.erase(std::unique(prune.begin(), prune.end()), prune.end());
+        for (uint32_t u : prune) {
+            uint32_t* at = &nodes_[u].first;
+            while (*at) {
+                if (nodes_[*at].count == 0)
+                    *at = nodes_[*at].next;
+                else
+                    at = &nodes_[*at].next;
+            }
+        }
+        for (const auto& dw : dead) free_.push_back(dw.second);
+        for (uint32_t u : dirty) {
+            Node& un = nodes_[u];
+            un.best = 0;
+            un.best_count = 0;
+            if (un.count == 0) continue;  // removed itself
+            for (uint32_t c = un.first; c; c = nodes_[c].next) {
+                const Node& cn = nodes_[c];
+                if (!un.best) {
+                    un.best = c;
+                    continue;
+                }
+                const Node& bn = nodes_[un.best];
+                if (cn.count > bn.count || (cn.count == bn.count && cn.last > bn.last)) un.best = c;
+            }
+            if (un.best) {
+                un.best_count = nodes_[un.best].count;
+                un.best_tok = nodes_[un.best].tok;
+            }
+        }
+        texts_.pop_front();
+        starts_.pop_front();
+        ++first_id_;
+    }
+
+    // The oldest request's first stamp (every live stamp is at least that), or `none`.
+    uint32_t oldest_stamp(uint32_t none) const { return starts_.empty() ? none : starts_.front(); }
+
+    // Every stamp kept is at least `delta`: take it off them all.
+    void rebase(uint32_t delta) {
+        for (size_t i = 1; i < nodes_.size(); ++i)
+            if (nodes_[i].count) nodes_[i].last -= delta;
+        for (uint32_t& s : starts_) s -= delta;
+    }
+
+private:
+    static constexpr uint32_t kDirty = 0xffffffffu;
+    static constexpr size_t kMinSlots = 64;
+    struct Slot {
+        uint32_t parent = 0;
+        token_t tok = 0;
+        uint32_t child = 0;  // 0: empty (the root is nobody's child)
+    };
+
+    const std::vector<token_t>& text(uint32_t rid) const { return texts_[rid - first_id_]; }
+
+    void enter(Pos& p, uint32_t w) const {
+        const Node& wn = nodes_[w];
+        if (wn.best == kLeaf) {
+            p.rid = wn.first;
+            p.end = wn.link;
+            ++p.d;
+        } else {
+            p.g = w;
+            p.dg = p.d = p.d + 1;
+        }
+    }
+
+    // A leaf at depth `depth` for the occurrence of request rid ending at `end`.
+    void make_leaf(uint32_t w, uint32_t rid, uint32_t end, size_t depth) {
+        const std::vector<token_t>& t = text(rid);
+        Node& wn = nodes_[w];
+        wn.best = kLeaf;
+        wn.first = rid;
+        wn.link = end;
+        wn.last = starts_[rid - first_id_] + end - 1;
+        wn.nsucc = wn.best_count = (end < t.size() && depth <= depth_) ? 1 : 0;
+        wn.best_tok = wn.nsucc ? t[end] : 0;
+    }
+
+    // Leaf w at depth `depth` is reached a second time: it becomes a node (suffix link
+    // `link`), and its occurrence's next token a leaf below it. The caller counts the
+    // new occurrence.
+    void split(uint32_t w, uint32_t link, size_t depth) {
+        const uint32_t rid = nodes_[w].first, end = nodes_[w].link;
+        const bool more = nodes_[w].nsucc > 0;
+        const token_t c = nodes_[w].best_tok;
+        Node& wn = nodes_[w];
+        wn.best = 0;
+        wn.best_count = 0;
+        wn.nsucc = 0;
+        wn.first = 0;
+        wn.link = link;
+        if (!more) return;
+        const uint32_t x = new_child(find_slot(w, c), w, c);
+        make_leaf(x, rid, end + 1, depth + 1);
+        Node& xn = nodes_[x];
+        xn.count = 1;
+        Node& wn2 = nodes_[w];
+        wn2.nsucc = 1;
+        wn2.best = x;
+        wn2.best_count = 1;
+        wn2.best_tok = c;
+    }
+
+    // A new node, child of u by token c, in the empty slot s.
+    uint32_t new_child(size_t s, uint32_t u, token_t c) {
+        uint32_t w;
+        if (!free_.empty()) {
+            w = free_.back();
+            free_.pop_back();
+            nodes_[w] = Node{};
+        } else {
+            if (nodes_.size() >= kLeaf) throw std::length_error("suffix trie: too many nodes");
+            w = static_cast<uint32_t>(nodes_.size());
+            nodes_.emplace_back();
+        }
+        Node& wn = nodes_[w];
+        wn.tok = c;
+        wn.next = nodes_[u].first;
+        nodes_[u].first = w;
+        slots_[s] = Slot{u, c, w};
+        ++used_;
+        return w;
+    }
+
+    size_t home(uint32_t u, token_t c) const {
+        uint64_t k = (static_cast<uint64_t>(u) << 32) | static_cast<uint32_t>(c);
+        k ^= k >> 30;
+        k *= 0xBF58476D1CE4E5B9ull;
+        k ^= k >> 27;
+        k *= 0x94D049BB133111EBull;
+        k ^= k >> 31;
+        return static_cast<size_t>(k) & (slots_.size() - 1);
+    }
+
+    size_t find_slot(uint32_t u, token_t c) const {
+        const size_t mask = slots_.size() - 1;
+        size_t i = home(u, c);
+        while (slots_[i].child && !(slots_[i].parent == u && slots_[i].tok == c)) i = (i + 1) & mask;
+        return i;
+    }
+
+    void grow() {
+        std::vector<Slot> old(slots_.size() * 2);
+        old.swap(slots_);
+        const size_t mask = slots_.size() - 1;
+        for (const Slot& s : old) {
+            if (!s.child) continue;
+            size_t i = home(s.parent, s.tok);
+            while (slots_[i].child) i = (i + 1) & mask;
+            slots_[i] = s;
+        }
+    }
+
+    // Backward-shift deletion keeps linear probing free of tombstones.
+    void erase_slot(size_t i) {
+        const size_t mask = slots_.size() - 1;
+        size_t j = i;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (!slots_[j].child) break;
+            const size_t k = home(slots_[j].parent, slots_[j].tok);
+            const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+            if (stays) continue;
+            slots_[i] = slots_[j];
+            i = j;
+        }
+        slots_[i] = Slot{};
+        --used_;
+    }
+
+    size_t depth_;
+    std::vector<Node> nodes_;
+    std::vector<uint32_t> free_;
+    std::vector<Slot> slots_;
+    size_t used_ = 0;
+    std::deque<std::vector<token_t>> texts_;  // the requests held, oldest first
+    std::deque<uint32_t> starts_;             // each one's first stamp
+    uint32_t first_id_ = 0;                   // the oldest one's id (ids count up, modulo 2^32)
+};
+
 // Earlier requests, for every drafter that shares the store. Readers (proposals) hold a
 // shared lock for the O(k) of a proposal; a writer (add, clear) holds the lock
 // exclusively for O(max_depth) per token added or evicted. Whole requests are evicted,
@@ -346,32 +730,23 @@ public:
         if (n == 0 || n > max_tokens_) return;
         std::unique_lock<std::shared_mutex> lk(mu_);
         ++version_;  // first: node ids change even if this add throws
-        while (!reqs_.empty() && n_tokens_ + n > max_tokens_) {
-            const auto& r = reqs_.front();
-            trie_.remove(r.data(), r.size());
-            n_tokens_ -= r.size();
-            reqs_.pop_front();
-            starts_.pop_front();
+        while (trie_.n_texts() && n_tokens_ + n > max_tokens_) {
+            n_tokens_ -= trie_.front_size();
+            trie_.pop_front();
         }
         if (uint64_t(stamp_) + n > stamp_limit_) {
-            // every live stamp is at least the oldest request's first
-            const uint32_t delta = starts_.empty() ? stamp_ : starts_.front();
+            const uint32_t delta = trie_.oldest_stamp(stamp_);
             trie_.rebase(delta);
-            for (uint32_t& s : starts_) s -= delta;
             stamp_ -= delta;
             if (uint64_t(stamp_) + n > stamp_limit_) throw std::length_error("suffix store: too many tokens");
         }
-        reqs_.emplace_back(p, p + n);
-        starts_.push_back(stamp_);
-        trie_.insert(p, n, stamp_);
+        trie_.add(p, n, stamp_);
         n_tokens_ += n;
     }
 
     void clear() {
         std::unique_lock<std::shared_mutex> lk(mu_);
-        reqs_.clear();
-        starts_.clear();
-        trie_ = SuffixTrie(trie_.max_depth());  // gives the memory back (clear() keeps it)
+        trie_ = StoreSuffixTrie(trie_.max_depth());  // gives the memory back (clear() keeps it)
         n_tokens_ = 0;
         stamp_ = 0;
         ++version_;
@@ -385,7 +760,7 @@ public:
     }
     size_t n_requests() const {
         std::shared_lock<std::shared_mutex> lk(mu_);
-        return reqs_.size();
+        return trie_.n_texts();
     }
     size_t n_nodes() const {
         std::shared_lock<std::shared_mutex> lk(mu_);
@@ -394,9 +769,7 @@ public:
     // Bytes allocated: the trie and the tokens held.
     size_t memory_bytes() const {
         std::shared_lock<std::shared_mutex> lk(mu_);
-        size_t b = trie_.memory_bytes();
-        for (const auto& r : reqs_) b += r.capacity() * sizeof(token_t) + sizeof(r);
-        return b + starts_.size() * sizeof(uint32_t);
+        return trie_.memory_bytes();
     }
 
     static size_t check_depth(size_t d) {
@@ -411,9 +784,7 @@ private:
     const size_t max_tokens_;
     const uint64_t stamp_limit_;
     mutable std::shared_mutex mu_;
-    SuffixTrie trie_;
-    std::deque<std::vector<token_t>> reqs_;
-    std::deque<uint32_t> starts_;  // each request's first stamp
+    StoreSuffixTrie trie_;
     size_t n_tokens_ = 0;
     uint32_t stamp_ = 0;  // the next token's
     uint64_t version_ = 1;  // changes with every add and clear; 0 is never current
@@ -470,18 +841,14 @@ public:
         double score_b = 0;
         if (store_) {
             std::shared_lock<std::shared_mutex> lk(store_->mu_);
-            const SuffixTrie& st = store_->trie_;
+            const StoreSuffixTrie& st = store_->trie_;
             sync_store(st);
-            uint32_t v = s_node_;
-            size_t d = s_depth_;
-            while (d > 0 && st.node(v).nsucc == 0) {
-                v = st.node(v).link;
-                --d;
-            }
-            m_b = d;
-            if (d > 0) {
+            StoreSuffixTrie::Pos v = s_pos_;
+            while (v.d > 0 && !st.has_next(v)) st.shorten(v);
+            m_b = v.d;
+            if (v.d > 0) {
                 buf_.resize(n_max);
-                n_b = walk(st, v, d, store_depth_, n_max, buf_.data(), score_b);
+                n_b = walk_store(st, v, n_max, buf_.data(), score_b);
             }
         }
         const bool take_b = n_b > 0 && (n_a == 0 || m_b > match_ || (m_b == match_ && score_b > score_a));
@@ -529,31 +896,44 @@ private:
         return k;
     }
 
-    // Keep (s_node_, s_depth_) = the longest suffix of the sequence, up to store_depth_
-    // tokens, that occurs in the store. After the store changed, node ids may be stale:
+    size_t walk_store(const StoreSuffixTrie& t, StoreSuffixTrie::Pos pos, size_t n_max, token_t* out,
+                      double& score) const {
+        const double cap = alpha_ * static_cast<double>(pos.d);
+        const size_t limit = cap >= static_cast<double>(n_max) ? n_max : static_cast<size_t>(cap);
+        double p = 1.0;
+        score = 0.0;
+        size_t k = 0;
+        while (k < limit) {
+            if (!t.has_next(pos)) break;
+            double q;
+            const token_t c = t.best_step(pos, q);
+            p *= q;
+            if (p < min_prob_) break;
+            out[k++] = c;
+            score += p;
+            if (pos.d > store_depth_) t.shorten(pos);
+        }
+        return k;
+    }
+
+    // Keep s_pos_ = the longest suffix of the sequence, up to store_depth_ tokens, that
+    // occurs in the store. After the store changed, node ids and request ids may be stale:
     // start again from the last store_depth_ tokens (the same answer, by construction).
-    void sync_store(const SuffixTrie& st) {
+    void sync_store(const StoreSuffixTrie& st) {
         if (s_version_ != store_->version_) {
             s_version_ = store_->version_;
-            s_node_ = 0;
-            s_depth_ = 0;
+            s_pos_ = StoreSuffixTrie::Pos{};
             s_fed_ = seq_.size() > store_depth_ ? seq_.size() - store_depth_ : 0;
         }
         for (; s_fed_ < seq_.size(); ++s_fed_) {
             const token_t c = seq_[s_fed_];
             for (;;) {
-                const uint32_t w = st.child(s_node_, c);
-                if (w) {
-                    s_node_ = w;
-                    if (++s_depth_ > store_depth_) {
-                        s_node_ = st.node(w).link;
-                        s_depth_ = store_depth_;
-                    }
+                if (st.advance(s_pos_, c)) {
+                    if (s_pos_.d > store_depth_) st.shorten(s_pos_);
                     break;
                 }
-                if (s_depth_ == 0) break;
-                s_node_ = st.node(s_node_).link;
-                --s_depth_;
+                if (s_pos_.d == 0) break;
+                st.shorten(s_pos_);
             }
         }
     }
@@ -569,8 +949,7 @@ private:
     int conf_ = 0;
     std::vector<token_t> buf_;
     uint64_t s_version_ = 0;
-    uint32_t s_node_ = 0;
-    size_t s_depth_ = 0;
+    StoreSuffixTrie::Pos s_pos_;  // in the store: positions of an evicted request are never kept
     size_t s_fed_ = 0;
 };
 
