@@ -117,7 +117,8 @@ def test_nbytes_follows_what_is_held():
     d = SuffixDrafter(max_depth=16)
     before = d.nbytes
     d.reset(text)
-    assert d.nbytes >= before + 20 * d._core.n_nodes
+    assert d.nbytes >= before + 40 * d._core.n_nodes + 4 * text.size
+    assert d._core.n_nodes < 4 * text.size
 
 
 def test_store_drafts_a_repeat_of_an_earlier_request():

@@ -45,288 +45,6 @@ namespace ngramcache {
 
 constexpr size_t kSuffixMaxDepth = 1024;  // beyond this the trie's memory per token is absurd
 
-// Removable: the store's trie, which forgets whole sequences (oldest first) and so keeps
-// what choosing a new best child needs (children lists, tokens, stamps). A request's own
-// trie never forgets and keeps none of that: a node there is 20 bytes instead of 40.
-template <bool Removable>
-class BasicSuffixTrie {
-public:
-    struct StoreNode {
-        uint32_t last = 0;    // stamp of the newest occurrence (larger: seen later), relative to a base
-        uint32_t count = 0;   // occurrences of this node's string
-        uint32_t nsucc = 0;   // of those, followed by a token (= sum of the children's counts)
-        uint32_t best = 0;    // the child with the highest count, newest among equals (0: none)
-        uint32_t best_count = 0;  // its count and token, so that a step reads one node
-        token_t best_tok = 0;
-        uint32_t link = 0;    // the node of this string without its first token
-        uint32_t first = 0;   // children, a singly linked list (to choose a new best after removals)
-        uint32_t next = 0;
-        token_t tok = 0;      // the last token of this node's string
-    };
-    // A request's own trie reads a suffix link only from a node at depth max_depth + 1
-    // (a step past max_depth), and such a node never has children: `best` holds the link.
-    struct RequestNode {
-        uint32_t count = 0;
-        uint32_t nsucc = 0;
-        uint32_t best = 0;  // at depth max_depth + 1: the suffix link
-        uint32_t best_count = 0;
-        token_t best_tok = 0;
-    };
-    using Node = std::conditional_t<Removable, StoreNode, RequestNode>;
-
-    // The nodes of every suffix (length 0..len) of a sequence being appended.
-    struct Cursor {
-        std::vector<uint32_t> act;
-        size_t len = 0;
-    };
-
-    explicit BasicSuffixTrie(size_t max_depth) : depth_(max_depth) { clear(); }
-
-    size_t max_depth() const { return depth_; }
-    size_t n_nodes() const { return nodes_.size() - 1 - free_.size(); }
-    const Node& node(uint32_t i) const { return nodes_[i]; }
-
-    // The node of node u's string without its first token. In a request's trie only for
-    // u at depth max_depth + 1.
-    uint32_t link(uint32_t u) const {
-        if constexpr (Removable)
-            return nodes_[u].link;
-        else
-            return nodes_[u].best;
-    }
-
-    // Bytes allocated (nodes, edge table, free list).
-    size_t memory_bytes() const {
-        return nodes_.capacity() * sizeof(Node) + slots_.capacity() * sizeof(Slot) +
-               free_.capacity() * sizeof(uint32_t);
-    }
-
-    void clear() {
-        nodes_.assign(1, Node{});
-        free_.clear();
-        slots_.assign(kMinSlots, Slot{});
-        used_ = 0;
-    }
-
-    Cursor start() const {
-        Cursor c;
-        c.act.assign(depth_ + 1, 0);
-        return c;
-    }
-
-    uint32_t child(uint32_t u, token_t c) const { return slots_[find_slot(u, c)].child; }
-
-    // Append token c to the sequence of `cur`: one occurrence more for each of its
-    // suffixes of length 1..len+1 (the deepest at max_depth + 1). `stamp` is only kept
-    // by a removable trie.
-    void append(Cursor& cur, token_t c, uint32_t stamp = 0) {
-        uint32_t below = 0;  // the new node one level up, i.e. the suffix link of the next
-        const size_t len = cur.len;
-        // every slot to be visited is known now: fetch them together, not one miss at a time
-        for (size_t i = 0; i <= len; ++i) __builtin_prefetch(&slots_[home(cur.act[i], c)]);
-        for (size_t i = 0; i <= len; ++i) {
-            const uint32_t w = bump(cur.act[i], c, stamp, below, i == depth_);
-            if (i > 0) cur.act[i] = below;
-            below = w;
-        }
-        if (len < depth_) {
-            cur.act[len + 1] = below;
-            cur.len = len + 1;
-        }
-    }
-
-    // Stamps are stamp, stamp + 1, ...; on return `stamp` is one past the last.
-    void insert(const token_t* p, size_t n, uint32_t& stamp) {
-        Cursor cur = start();
-        for (size_t j = 0; j < n; ++j) append(cur, p[j], stamp++);
-    }
-
-    // Every stamp kept is at least `delta`: take it off them all.
-    void rebase(uint32_t delta) {
-        static_assert(Removable, "only a removable trie keeps stamps");
-        for (size_t i = 1; i < nodes_.size(); ++i)
-            if (nodes_[i].count) nodes_[i].last -= delta;
-    }
-
-    // Forget a sequence inserted earlier, which must be older than every other sequence
-    // still in the trie: then the newest occurrence of every surviving node lies in a
-    // surviving sequence and the `last` stamps stay exact.
-    void remove(const token_t* p, size_t n) {
-        static_assert(Removable, "a request's trie never forgets");
-        std::vector<std::pair<uint32_t, uint32_t>> dead;  // (parent, node)
-        std::vector<uint32_t> dirty;                      // nodes whose best child lost counts
-        Cursor cur = start();
-        for (size_t j = 0; j < n; ++j) {
-            uint32_t below = 0;
-            const size_t len = cur.len;
-            for (size_t i = 0; i <= len; ++i) {
-                const uint32_t u = cur.act[i];
-                const uint32_t w = child(u, p[j]);
-                Node& wn = nodes_[w];
-                --wn.count;
-                Node& un = nodes_[u];
-                --un.nsucc;
-                if (wn.count == 0) dead.emplace_back(u, w);
-                if (u != 0 && un.best == w) {
-                    un.best = kDirty;  // also keeps u from being listed twice
-                    dirty.push_back(u);
-                }
-                if (i > 0) cur.act[i] = below;
-                below = w;
-            }
-            if (len < depth_) {
-                cur.act[len + 1] = below;
-                cur.len = len + 1;
-            }
-        }
-        // Counts are exact only once the whole sequence is out (a string's occurrence
-        // leaves before its extension's does), so nodes go only now. A surviving parent
-        // drops its dead children from its list in one pass (the root: once, not once a
-        // dead child); a dead parent's list goes with it.
-        std::vector<uint32_t> prune;
-        for (const auto& [u, w] : dead) {
-            erase_slot(find_slot(u, nodes_[w].tok));
-            if (u == 0 || nodes_[u].count > 0) prune.push_back(u);
-        }
-        std::sort(prune.begin(), prune.end());
-        prune.erase(std::unique(prune.begin(), prune.end()), prune.end());
-        for (uint32_t u : prune) {
-            uint32_t* at = &nodes_[u].first;
-            while (*at) {
-                if (nodes_[*at].count == 0)
-                    *at = nodes_[*at].next;
-                else
-                    at = &nodes_[*at].next;
-            }
-        }
-        for (const auto& dw : dead) free_.push_back(dw.second);
-        for (uint32_t u : dirty) {
-            Node& un = nodes_[u];
-            un.best = 0;
-            un.best_count = 0;
-            if (un.count == 0) continue;  // removed itself
-            for (uint32_t c = un.first; c; c = nodes_[c].next) {
-                const Node& cn = nodes_[c];
-                if (!un.best) {
-                    un.best = c;
-                    continue;
-                }
-                const Node& bn = nodes_[un.best];
-                if (cn.count > bn.count || (cn.count == bn.count && cn.last > bn.last)) un.best = c;
-            }
-            if (un.best) {
-                un.best_count = nodes_[un.best].count;
-                un.best_tok = nodes_[un.best].tok;
-            }
-        }
-    }
-
-private:
-    static constexpr uint32_t kDirty = 0xffffffffu;
-    static constexpr size_t kMinSlots = 64;
-    struct Slot {
-        uint32_t parent = 0;
-        token_t tok = 0;
-        uint32_t child = 0;  // 0: empty (the root is nobody's child)
-    };
-
-    size_t home(uint32_t u, token_t c) const {
-        uint64_t k = (static_cast<uint64_t>(u) << 32) | static_cast<uint32_t>(c);
-        k ^= k >> 30;
-        k *= 0xBF58476D1CE4E5B9ull;
-        k ^= k >> 27;
-        k *= 0x94D049BB133111EBull;
-        k ^= k >> 31;
-        return static_cast<size_t>(k) & (slots_.size() - 1);
-    }
-
-    size_t find_slot(uint32_t u, token_t c) const {
-        const size_t mask = slots_.size() - 1;
-        size_t i = home(u, c);
-        while (slots_[i].child && !(slots_[i].parent == u && slots_[i].tok == c)) i = (i + 1) & mask;
-        return i;
-    }
-
-    void grow() {
-        std::vector<Slot> old(slots_.size() * 2);
-        old.swap(slots_);
-        const size_t mask = slots_.size() - 1;
-        for (const Slot& s : old) {
-            if (!s.child) continue;
-            size_t i = home(s.parent, s.tok);
-            while (slots_[i].child) i = (i + 1) & mask;
-            slots_[i] = s;
-        }
-    }
-
-    // Backward-shift deletion keeps linear probing free of tombstones.
-    void erase_slot(size_t i) {
-        const size_t mask = slots_.size() - 1;
-        size_t j = i;
-        for (;;) {
-            j = (j + 1) & mask;
-            if (!slots_[j].child) break;
-            const size_t k = home(slots_[j].parent, slots_[j].tok);
-            const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-            if (stays) continue;
-            slots_[i] = slots_[j];
-            i = j;
-        }
-        slots_[i] = Slot{};
-        --used_;
-    }
-
-    uint32_t bump(uint32_t u, token_t c, uint32_t stamp, uint32_t link_if_new, bool deepest) {
-        if ((used_ + 1) * 4 > slots_.size() * 3) grow();
-        const size_t s = find_slot(u, c);
-        uint32_t w = slots_[s].child;
-        if (!w) {
-            if (!free_.empty()) {
-                w = free_.back();
-                free_.pop_back();
-                nodes_[w] = Node{};
-            } else {
-                if (nodes_.size() >= kDirty) throw std::length_error("suffix trie: too many nodes");
-                w = static_cast<uint32_t>(nodes_.size());
-                nodes_.emplace_back();
-            }
-            Node& wn = nodes_[w];
-            if constexpr (Removable) {
-                wn.tok = c;
-                wn.link = link_if_new;
-                wn.next = nodes_[u].first;
-                nodes_[u].first = w;
-            } else if (deepest) {
-                wn.best = link_if_new;
-            }
-            slots_[s] = Slot{u, c, w};
-            ++used_;
-        }
-        Node& wn = nodes_[w];
-        ++wn.count;
-        if constexpr (Removable) wn.last = stamp;
-        Node& un = nodes_[u];
-        ++un.nsucc;
-        // the root's best child is never asked for (a proposal needs a match of >= 1);
-        // the node being counted now is the newest, so it wins a tie
-        if (u != 0 && wn.count >= un.best_count) {
-            un.best = w;
-            un.best_count = wn.count;
-            un.best_tok = c;
-        }
-        return w;
-    }
-
-    size_t depth_;
-    std::vector<Node> nodes_;
-    std::vector<uint32_t> free_;
-    std::vector<Slot> slots_;
-    size_t used_ = 0;
-};
-
-using SuffixTrie = BasicSuffixTrie<true>;
-using RequestSuffixTrie = BasicSuffixTrie<false>;
-
 // The store's trie. A string seen once is not a chain of nodes: the shortest prefix of it
 // that occurs once is a leaf that records where (which request, where the occurrence
 // ends), and the longer strings are read from that request's tokens. When a second
@@ -339,7 +57,7 @@ using RequestSuffixTrie = BasicSuffixTrie<false>;
 // A full node's strings' suffixes are full nodes too (a suffix occurs at least as often),
 // so an append or a removal follows full nodes only: the suffixes ending at the new token
 // that lie below a leaf occur once, there, and need no change.
-class StoreSuffixTrie {
+class SuffixTrie {
 public:
     static constexpr uint32_t kLeaf = 0xfffffffeu;
     struct Node {
@@ -362,7 +80,7 @@ public:
         uint32_t rid = 0, end = 0;
     };
 
-    explicit StoreSuffixTrie(size_t max_depth) : depth_(max_depth) { clear(); }
+    explicit SuffixTrie(size_t max_depth) : depth_(max_depth) { clear(); }
 
     size_t max_depth() const { return depth_; }
     size_t n_nodes() const { return nodes_.size() - 1 - free_.size(); }
@@ -384,6 +102,8 @@ public:
         used_ = 0;
         texts_.clear();
         starts_.clear();
+        act_.assign(depth_ + 1, 0);
+        F_ = 0;
     }
 
     uint32_t child(uint32_t u, token_t c) const { return slots_[find_slot(u, c)].child; }
@@ -448,47 +168,65 @@ public:
 
     // Keep a request; its tokens get stamps stamp, stamp + 1, ... (one past on return).
     void add(const token_t* p, size_t n, uint32_t& stamp) {
-        const uint32_t rid = first_id_ + static_cast<uint32_t>(texts_.size());
-        texts_.emplace_back(p, p + n);
-        starts_.push_back(stamp);
-        std::vector<uint32_t> act(depth_ + 1, 0);
-        size_t F = 0;  // act[0..F]: the suffixes that are nodes (not below a leaf)
-        for (size_t j = 0; j < n; ++j, ++stamp) {
-            const token_t c = p[j];
-            uint32_t below = 0;
-            size_t nf = 0;
-            for (size_t i = 0; i <= F; ++i) {
-                const uint32_t u = act[i];
-                if ((used_ + 2) * 4 > slots_.size() * 3) grow();
-                const size_t s = find_slot(u, c);
-                uint32_t w = slots_[s].child;
-                bool full = true;
-                if (!w) {
-                    w = new_child(s, u, c);
-                    make_leaf(w, rid, static_cast<uint32_t>(j + 1), i + 1);
-                    full = false;
-                } else if (nodes_[w].best == kLeaf) {
-                    split(w, below, i + 1);
-                }
-                Node& wn = nodes_[w];
-                ++wn.count;
-                wn.last = stamp;
-                Node& un = nodes_[u];
-                ++un.nsucc;
-                // the root's best child is never asked for; the newest wins a tie
-                if (u != 0 && wn.count >= un.best_count) {
-                    un.best = w;
-                    un.best_count = wn.count;
-                    un.best_tok = c;
-                }
-                if (i > 0) act[i] = below;
-                below = w;
-                if (full) nf = i + 1;
-            }
-            if (F < depth_) act[F + 1] = below;
-            F = std::min(nf, depth_);
-        }
+        open(stamp);
+        texts_.back().reserve(n);
+        for (size_t j = 0; j < n; ++j) push(p[j]);
+        stamp += static_cast<uint32_t>(n);
     }
+
+    // Start a new text (the newest), whose first token will have stamp `stamp`.
+    void open(uint32_t stamp) {
+        texts_.emplace_back();
+        starts_.push_back(stamp);
+        act_.assign(depth_ + 1, 0);
+        F_ = 0;
+    }
+
+    // Append a token to the newest text.
+    void push(token_t c) {
+        std::vector<token_t>& t = texts_.back();
+        const uint32_t rid = first_id_ + static_cast<uint32_t>(texts_.size() - 1);
+        const uint32_t j = static_cast<uint32_t>(t.size());
+        const uint32_t stamp = starts_.back() + j;
+        t.push_back(c);
+        uint32_t below = 0;
+        size_t nf = 0;
+        for (size_t i = 0; i <= F_; ++i) {
+            const uint32_t u = act_[i];
+            if ((used_ + 2) * 4 > slots_.size() * 3) grow();
+            const size_t s = find_slot(u, c);
+            uint32_t w = slots_[s].child;
+            bool full = true;
+            if (!w) {
+                w = new_child(s, u, c);
+                make_leaf(w, rid, j + 1);
+                full = false;
+            } else if (nodes_[w].best == kLeaf) {
+                split(w, below, i + 1);
+            }
+            Node& wn = nodes_[w];
+            ++wn.count;
+            wn.last = stamp;
+            Node& un = nodes_[u];
+            ++un.nsucc;
+            // the root's best child is never asked for; the newest wins a tie
+            if (u != 0 && wn.count >= un.best_count) {
+                un.best = w;
+                un.best_count = wn.count;
+                un.best_tok = c;
+            }
+            if (i > 0) act_[i] = below;
+            below = w;
+            if (full) nf = i + 1;
+        }
+        if (F_ < depth_) act_[F_ + 1] = below;
+        F_ = std::min(nf, depth_);
+    }
+
+    // The newest text, and the longest of its suffixes that is a node (its depth and node).
+    const std::vector<token_t>& newest() const { return texts_.back(); }
+    size_t node_depth() const { return F_; }
+    uint32_t suffix_node(size_t d) const { return act_[d]; }
 
     // Forget the oldest request: then the newest occurrence of every surviving node lies
     // in a surviving request and the stamps stay exact.
@@ -597,16 +335,13 @@ private:
         }
     }
 
-    // A leaf at depth `depth` for the occurrence of request rid ending at `end`.
-    void make_leaf(uint32_t w, uint32_t rid, uint32_t end, size_t depth) {
-        const std::vector<token_t>& t = text(rid);
+    // A leaf for the occurrence in text rid that ends at `end` (its count is the caller's).
+    void make_leaf(uint32_t w, uint32_t rid, uint32_t end) {
         Node& wn = nodes_[w];
         wn.best = kLeaf;
         wn.first = rid;
         wn.link = end;
         wn.last = starts_[rid - first_id_] + end - 1;
-        wn.nsucc = wn.best_count = (end < t.size() && depth <= depth_) ? 1 : 0;
-        wn.best_tok = wn.nsucc ? t[end] : 0;
     }
 
     // Leaf w at depth `depth` is reached a second time: it becomes a node (suffix link
@@ -614,17 +349,24 @@ private:
     // new occurrence.
     void split(uint32_t w, uint32_t link, size_t depth) {
         const uint32_t rid = nodes_[w].first, end = nodes_[w].link;
-        const bool more = nodes_[w].nsucc > 0;
-        const token_t c = nodes_[w].best_tok;
+        // the first occurrence has no next token at the end of its text (not the newest:
+        // there it is at the latest the token being added now), nor a child at depth
+        // max_depth + 1
+        if (depth > depth_ || end >= text(rid).size()) {
+            nodes_[w].best = 0;
+            nodes_[w].link = link;
+            nodes_[w].first = 0;
+            return;
+        }
+        const token_t c = text(rid)[end];
         Node& wn = nodes_[w];
         wn.best = 0;
         wn.best_count = 0;
         wn.nsucc = 0;
         wn.first = 0;
         wn.link = link;
-        if (!more) return;
         const uint32_t x = new_child(find_slot(w, c), w, c);
-        make_leaf(x, rid, end + 1, depth + 1);
+        make_leaf(x, rid, end + 1);
         Node& xn = nodes_[x];
         xn.count = 1;
         Node& wn2 = nodes_[w];
@@ -709,6 +451,8 @@ private:
     std::deque<std::vector<token_t>> texts_;  // the requests held, oldest first
     std::deque<uint32_t> starts_;             // each one's first stamp
     uint32_t first_id_ = 0;                   // the oldest one's id (ids count up, modulo 2^32)
+    std::vector<uint32_t> act_;               // the newest text's suffixes that are nodes:
+    size_t F_ = 0;                            // act_[d] for d = 0..F_ (the deeper ones are below leaves)
 };
 
 // Earlier requests, for every drafter that shares the store. Readers (proposals) hold a
@@ -746,7 +490,7 @@ public:
 
     void clear() {
         std::unique_lock<std::shared_mutex> lk(mu_);
-        trie_ = StoreSuffixTrie(trie_.max_depth());  // gives the memory back (clear() keeps it)
+        trie_ = SuffixTrie(trie_.max_depth());  // gives the memory back (clear() keeps it)
         n_tokens_ = 0;
         stamp_ = 0;
         ++version_;
@@ -784,7 +528,7 @@ private:
     const size_t max_tokens_;
     const uint64_t stamp_limit_;
     mutable std::shared_mutex mu_;
-    StoreSuffixTrie trie_;
+    SuffixTrie trie_;
     size_t n_tokens_ = 0;
     uint32_t stamp_ = 0;  // the next token's
     uint64_t version_ = 1;  // changes with every add and clear; 0 is never current
@@ -796,12 +540,13 @@ public:
     SuffixDrafter(size_t max_depth = 64, double alpha = 4.0, double min_prob = 0.1,
                   std::shared_ptr<SuffixStore> store = nullptr)
         : depth_(SuffixStore::check_depth(max_depth)), alpha_(alpha), min_prob_(min_prob),
-          store_(std::move(store)), trie_(depth_), cur_(trie_.start()) {
+          store_(std::move(store)), trie_(depth_) {
         if (!(alpha > 0.0) || !std::isfinite(alpha))
             throw InputError("alpha must be a positive finite number, got " + std::to_string(alpha));
         if (!(min_prob >= 0.0 && min_prob <= 1.0))
             throw InputError("min_prob must be in [0, 1], got " + std::to_string(min_prob));
         store_depth_ = store_ ? std::min(depth_, store_->max_depth()) : 0;
+        trie_.open(0);
     }
 
     // The request so far goes to the store (if any), and a new one starts.
@@ -812,10 +557,9 @@ public:
 
     // Hand the request so far to the store and start an empty one.
     void finish() {
-        if (store_ && !seq_.empty()) store_->add(seq_.data(), seq_.size());
-        seq_.clear();
+        if (store_ && !seq().empty()) store_->add(seq().data(), seq().size());
         trie_.clear();
-        cur_ = trie_.start();
+        trie_.open(0);
         match_ = 0;
         conf_ = 0;
         s_version_ = 0;
@@ -823,32 +567,35 @@ public:
 
     void accept(const token_t* t, size_t n) {
         for (size_t j = 0; j < n; ++j) {
-            trie_.append(cur_, t[j]);
-            seq_.push_back(t[j]);
-            // the match grows by at most one token per token
-            match_ = std::min(match_ + 1, cur_.len);
-            while (match_ > 0 && trie_.node(cur_.act[match_]).nsucc == 0) --match_;
+            trie_.push(t[j]);
+            // the match grows by at most one token per token; a suffix below a leaf
+            // occurs only here, so the match is a node
+            match_ = std::min(match_ + 1, trie_.node_depth());
+            while (match_ > 0 && trie_.node(trie_.suffix_node(match_)).nsucc == 0) --match_;
         }
     }
 
     size_t propose(size_t n_max, token_t* out) {
         conf_ = 0;
-        if (n_max == 0 || seq_.empty()) return 0;
+        if (n_max == 0 || seq().empty()) return 0;
         double score_a = 0;
         size_t n_a = 0;
-        if (match_ > 0) n_a = walk(trie_, cur_.act[match_], match_, depth_, n_max, out, score_a);
+        if (match_ > 0) {
+            const uint32_t m = static_cast<uint32_t>(match_);
+            n_a = walk(trie_, SuffixTrie::Pos{trie_.suffix_node(match_), m, m, 0, 0}, depth_, n_max, out, score_a);
+        }
         size_t m_b = 0, n_b = 0;
         double score_b = 0;
         if (store_) {
             std::shared_lock<std::shared_mutex> lk(store_->mu_);
-            const StoreSuffixTrie& st = store_->trie_;
+            const SuffixTrie& st = store_->trie_;
             sync_store(st);
-            StoreSuffixTrie::Pos v = s_pos_;
+            SuffixTrie::Pos v = s_pos_;
             while (v.d > 0 && !st.has_next(v)) st.shorten(v);
             m_b = v.d;
             if (v.d > 0) {
                 buf_.resize(n_max);
-                n_b = walk_store(st, v, n_max, buf_.data(), score_b);
+                n_b = walk(st, v, store_depth_, n_max, buf_.data(), score_b);
             }
         }
         const bool take_b = n_b > 0 && (n_a == 0 || m_b > match_ || (m_b == match_ && score_b > score_a));
@@ -865,39 +612,18 @@ public:
     size_t max_depth() const { return depth_; }
     double alpha() const { return alpha_; }
     double min_prob() const { return min_prob_; }
-    size_t n_tokens() const { return seq_.size(); }
+    size_t n_tokens() const { return seq().size(); }
     size_t n_nodes() const { return trie_.n_nodes(); }
     // Bytes allocated for the request (its trie and tokens), not the store's.
-    size_t memory_bytes() const { return trie_.memory_bytes() + seq_.capacity() * sizeof(token_t); }
+    size_t memory_bytes() const { return trie_.memory_bytes(); }
     const std::shared_ptr<SuffixStore>& store() const { return store_; }
 
 private:
-    template <class Trie>
-    size_t walk(const Trie& t, uint32_t u, size_t d, size_t dmax, size_t n_max, token_t* out,
-                double& score) const {
-        const double cap = alpha_ * static_cast<double>(d);
-        const size_t limit = cap >= static_cast<double>(n_max) ? n_max : static_cast<size_t>(cap);
-        double p = 1.0;
-        score = 0.0;
-        size_t k = 0;
-        while (k < limit) {
-            const auto& un = t.node(u);
-            if (un.nsucc == 0) break;
-            p *= static_cast<double>(un.best_count) / static_cast<double>(un.nsucc);
-            if (p < min_prob_) break;
-            out[k++] = un.best_tok;
-            score += p;
-            u = un.best;
-            if (++d > dmax) {
-                u = t.link(u);
-                d = dmax;
-            }
-        }
-        return k;
-    }
+    const std::vector<token_t>& seq() const { return trie_.newest(); }
 
-    size_t walk_store(const StoreSuffixTrie& t, StoreSuffixTrie::Pos pos, size_t n_max, token_t* out,
-                      double& score) const {
+    // The proposal rule's steps from the match at pos, contexts of at most dmax tokens.
+    size_t walk(const SuffixTrie& t, SuffixTrie::Pos pos, size_t dmax, size_t n_max, token_t* out,
+                double& score) const {
         const double cap = alpha_ * static_cast<double>(pos.d);
         const size_t limit = cap >= static_cast<double>(n_max) ? n_max : static_cast<size_t>(cap);
         double p = 1.0;
@@ -911,7 +637,7 @@ private:
             if (p < min_prob_) break;
             out[k++] = c;
             score += p;
-            if (pos.d > store_depth_) t.shorten(pos);
+            if (pos.d > dmax) t.shorten(pos);
         }
         return k;
     }
@@ -919,14 +645,15 @@ private:
     // Keep s_pos_ = the longest suffix of the sequence, up to store_depth_ tokens, that
     // occurs in the store. After the store changed, node ids and request ids may be stale:
     // start again from the last store_depth_ tokens (the same answer, by construction).
-    void sync_store(const StoreSuffixTrie& st) {
+    void sync_store(const SuffixTrie& st) {
         if (s_version_ != store_->version_) {
             s_version_ = store_->version_;
-            s_pos_ = StoreSuffixTrie::Pos{};
-            s_fed_ = seq_.size() > store_depth_ ? seq_.size() - store_depth_ : 0;
+            s_pos_ = SuffixTrie::Pos{};
+            s_fed_ = seq().size() > store_depth_ ? seq().size() - store_depth_ : 0;
         }
-        for (; s_fed_ < seq_.size(); ++s_fed_) {
-            const token_t c = seq_[s_fed_];
+        const std::vector<token_t>& q = seq();
+        for (; s_fed_ < q.size(); ++s_fed_) {
+            const token_t c = q[s_fed_];
             for (;;) {
                 if (st.advance(s_pos_, c)) {
                     if (s_pos_.d > store_depth_) st.shorten(s_pos_);
@@ -942,14 +669,12 @@ private:
     double alpha_, min_prob_;
     std::shared_ptr<SuffixStore> store_;
     size_t store_depth_ = 0;
-    RequestSuffixTrie trie_;
-    RequestSuffixTrie::Cursor cur_;
-    std::vector<token_t> seq_;
+    SuffixTrie trie_;  // the request's: its one text is the sequence
     size_t match_ = 0;
     int conf_ = 0;
     std::vector<token_t> buf_;
     uint64_t s_version_ = 0;
-    StoreSuffixTrie::Pos s_pos_;  // in the store: positions of an evicted request are never kept
+    SuffixTrie::Pos s_pos_;  // in the store: positions of an evicted request are never kept
     size_t s_fed_ = 0;
 };
 
