@@ -18,7 +18,8 @@ from .gate import AdaptiveGate
 
 __all__ = ["SuffixDrafter", "SuffixStore", "SUFFIX_MAX_DEPTH"]
 
-#: the largest ``max_depth`` (memory grows with it: up to max_depth + 1 nodes a token)
+#: the largest ``max_depth`` (memory grows with it where text repeats: up to max_depth + 1
+#: nodes a token)
 SUFFIX_MAX_DEPTH = 1024
 
 
@@ -60,8 +61,9 @@ class SuffixStore:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the store has allocated: its trie (about 4.4 KB a token of text that
-        does not repeat, at max_depth 64; repeats share nodes) and the tokens held."""
+        """Bytes the store has allocated: its trie and the tokens held (about 170
+        bytes a token of text that does not repeat; up to about 4.5 KB a token, at
+        max_depth 64, where requests repeat earlier ones at length)."""
         return self._core.nbytes
 
     def __len__(self) -> int:

@@ -3,17 +3,20 @@
 // of earlier requests.
 //
 // The structure is a depth-bounded suffix trie with counts: every substring of length
-// <= max_depth + 1 of the text is a node, with its number of occurrences. A suffix
+// <= max_depth + 1 of the text is in it, with its number of occurrences. A suffix
 // automaton would take O(n) memory instead of O(n * max_depth), but it cannot keep the
 // per-node "best child" up to date in O(1) (a count change there touches every state
 // with a transition into the changed one), its occurrence counts need a walk up the
 // suffix-link chain that is unbounded on repetitive text, and it cannot forget a
 // request: the store would have to be rebuilt on every eviction. The trie does all
-// three in O(max_depth) per token with a flat hash table of edges, and a proposal of k
-// tokens is k pointer steps (best child, plus a suffix link when the context reaches
-// max_depth). The price is memory: up to max_depth + 1 nodes per distinct position,
-// about 70 bytes each in the store and 45 in a request's own trie, with the edge table
-// (docs/drafters.md).
+// three in O(max_depth) per token at most with a flat hash table of edges (O(length of
+// the longest repeat) where the text does not repeat), and a proposal of k tokens is k
+// steps (best child, or the next token of the text below a leaf, plus a suffix link
+// when the context reaches max_depth; below a leaf that link is found by walking down
+// from the deepest node above, O(max_depth + k) lookups in all). A full trie
+// would cost max_depth + 1 nodes a token; here a string seen once is a leaf that points
+// into the text, so text that does not repeat costs one or two nodes a token, and text
+// seen again up to max_depth + 1 (docs/drafters.md).
 //
 // Proposal rule, shared by the request's own trie and the store's:
 //   * match: the longest suffix x of the sequence, |x| <= max_depth, that occurs
@@ -36,7 +39,6 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "ngram.hpp"
@@ -45,18 +47,21 @@ namespace ngramcache {
 
 constexpr size_t kSuffixMaxDepth = 1024;  // beyond this the trie's memory per token is absurd
 
-// The store's trie. A string seen once is not a chain of nodes: the shortest prefix of it
-// that occurs once is a leaf that records where (which request, where the occurrence
-// ends), and the longer strings are read from that request's tokens. When a second
-// occurrence reaches a leaf, the leaf becomes a node and the first occurrence's next token
-// a new leaf below it, one level per token appended. A node's counts, best child, stamps
-// and suffix link are exactly those of the full trie; a leaf's count is 1 and its one
-// continuation is the text after its occurrence. Text that does not repeat costs a few
-// nodes per token instead of max_depth + 1.
+// The trie over a list of texts (the store's requests, or a request's one sequence, which
+// grows at the end). A string seen once is not a chain of nodes: the shortest prefix of
+// it that occurs once is a leaf recording where its occurrence ends (text and offset),
+// and the longer strings are read from that text. When a second occurrence reaches a
+// leaf, the leaf becomes a node and the first occurrence's next token a new leaf below
+// it, one level per token appended. A node's count, best child, stamp and suffix link
+// are exactly those of the full trie; a leaf's count is 1, its stamp that of its
+// occurrence, and its one continuation the text after that occurrence.
 //
-// A full node's strings' suffixes are full nodes too (a suffix occurs at least as often),
-// so an append or a removal follows full nodes only: the suffixes ending at the new token
-// that lie below a leaf occur once, there, and need no change.
+// A node's suffixes are nodes too: it had two occurrences when it stopped being a leaf,
+// so its suffix had as many and was a node already, and nodes never become leaves again
+// (a removal only ends them, and a suffix occurs at least as often). So an append or a
+// removal follows nodes only, from the root: the longer suffixes ending at the token
+// lie below leaves, occur only there and need no change. Texts are forgotten whole,
+// oldest first, and with them every leaf into them (such a leaf's count falls to 0).
 class SuffixTrie {
 public:
     static constexpr uint32_t kLeaf = 0xfffffffeu;
@@ -456,8 +461,8 @@ private:
 };
 
 // Earlier requests, for every drafter that shares the store. Readers (proposals) hold a
-// shared lock for the O(k) of a proposal; a writer (add, clear) holds the lock
-// exclusively for O(max_depth) per token added or evicted. Whole requests are evicted,
+// shared lock for the O(k + max_depth) of a proposal; a writer (add, clear) holds the
+// lock exclusively for O(max_depth) at most per token added or evicted. Whole requests are evicted,
 // oldest first, to keep the tokens held within max_tokens.
 class SuffixStore {
 public:
