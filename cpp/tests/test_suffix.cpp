@@ -141,6 +141,8 @@ void compare(std::mt19937& rng, const std::vector<Tokens>& reqs, size_t depth, d
             CHECK_EQ(propose(d, n), want.first);
             CHECK_EQ(d.confidence(), want.second);
             if (have == t.size()) break;
+            if (store) CHECK(store->consistent());
+            CHECK(d.consistent());
             const size_t k = std::min(t.size() - have, batch(rng));
             d.accept(t.data() + have, k);
             b.seq.insert(b.seq.end(), t.begin() + static_cast<std::ptrdiff_t>(have),

@@ -190,6 +190,7 @@ public:
     // Append a token to the newest text.
     void push(token_t c) {
         std::vector<token_t>& t = texts_.back();
+        if (t.size() >= kLeaf) throw std::length_error("suffix trie: text too long");  // offsets are 32-bit
         const uint32_t rid = first_id_ + static_cast<uint32_t>(texts_.size() - 1);
         const uint32_t j = static_cast<uint32_t>(t.size());
         const uint32_t stamp = starts_.back() + j;
@@ -305,6 +306,45 @@ public:
         texts_.pop_front();
         starts_.pop_front();
         ++first_id_;
+    }
+
+    // Whether every node reachable from the root agrees with its children (counts, best
+    // child, tie stamps) and every leaf points into a text held, at its own token; for
+    // tests, O(nodes).
+    bool consistent() const {
+        std::vector<uint32_t> stack{0};
+        size_t seen = 0;
+        while (!stack.empty()) {
+            const uint32_t u = stack.back();
+            stack.pop_back();
+            const Node& un = nodes_[u];
+            if (u != 0 && un.count == 0) return false;
+            if (un.best == kLeaf) {
+                const uint32_t k = un.first - first_id_;
+                if (k >= texts_.size() || un.link == 0 || un.link > texts_[k].size()) return false;
+                if (texts_[k][un.link - 1] != un.tok || un.count != 1 || un.last != starts_[k] + un.link - 1)
+                    return false;
+                ++seen;
+                continue;
+            }
+            uint64_t sum = 0;
+            uint32_t best = 0;
+            for (uint32_t c = un.first; c; c = nodes_[c].next) {
+                const Node& cn = nodes_[c];
+                if (child(u, cn.tok) != c) return false;
+                sum += cn.count;
+                if (!best || cn.count > nodes_[best].count ||
+                    (cn.count == nodes_[best].count && cn.last > nodes_[best].last))
+                    best = c;
+                stack.push_back(c);
+            }
+            if (sum != un.nsucc) return false;
+            if (u != 0 && (un.best != best || (best && (un.best_count != nodes_[best].count ||
+                                                        un.best_tok != nodes_[best].tok))))
+                return false;
+            ++seen;
+        }
+        return seen == n_nodes() + 1;
     }
 
     // The oldest request's first stamp (every live stamp is at least that), or `none`.
@@ -515,6 +555,10 @@ public:
         std::shared_lock<std::shared_mutex> lk(mu_);
         return trie_.n_nodes();
     }
+    bool consistent() const {  // for tests
+        std::shared_lock<std::shared_mutex> lk(mu_);
+        return trie_.consistent();
+    }
     // Bytes allocated: the trie and the tokens held.
     size_t memory_bytes() const {
         std::shared_lock<std::shared_mutex> lk(mu_);
@@ -619,6 +663,7 @@ public:
     double min_prob() const { return min_prob_; }
     size_t n_tokens() const { return seq().size(); }
     size_t n_nodes() const { return trie_.n_nodes(); }
+    bool consistent() const { return trie_.consistent(); }  // for tests
     // Bytes allocated for the request (its trie and tokens), not the store's.
     size_t memory_bytes() const { return trie_.memory_bytes(); }
     const std::shared_ptr<SuffixStore>& store() const { return store_; }
