@@ -22,6 +22,11 @@ Variants, all greedy, in one process, order alternating between rounds, median o
   ngc           ngramcache's default drafter: copies of earlier spans, else llama.cpp's lookup
                 (CopyDrafter), adaptive draft length
   ngc+static    ngramcache with a static table built from ~2 MB of other stdlib code
+  suffix        SuffixDrafter (docs/drafters.md), adaptive draft length
+  simple, map-k, mod
+                llama.cpp's ngram-simple (size_n 3, size_m 16), ngram-map-k (3, 16) and
+                ngram-mod (n_match 8, n_min 1, n_max 16), exactly, adaptive draft length
+  pld           plain prompt lookup (PromptLookupDrafter, max_ngram 3), adaptive draft length
   oracle        proposes the true continuation (from the plain run) with the draft length
                 that maximises (k+1)/cost(k+1): the ceiling with the same verification costs
 
