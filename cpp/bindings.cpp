@@ -118,15 +118,10 @@ py::array_t<int32_t> draft_py(const Tokens& tokens, size_t n_draft, const Shared
     return result;
 }
 
-// The replay runs without the GIL; the progress callback takes it back to call Python
-// and to let Ctrl-C stop the replay.
-ReplayResult replay_py(const Tokens& tokens, size_t n_ctx, size_t n_draft, const py::object& static_obj,
-                       SharedCache* dynamic, bool update_dynamic, const py::object& progress) {
-    ReplayOptions opt;
-    opt.n_ctx = n_ctx;
-    opt.n_draft = n_draft;
-    const StaticSource st = static_source(static_obj);
-    ReplayProgress cb = [&](int64_t done, int64_t total) {
+// A replay's progress callback: it takes the GIL back to call Python and to let Ctrl-C
+// stop the replay (the error is restored once the core has unwound).
+ReplayProgress progress_callback(const py::object& progress) {
+    return [&progress](int64_t done, int64_t total) {
         py::gil_scoped_acquire gil;
         if (PyErr_CheckSignals() != 0) throw PythonErrorPending{};
         if (progress.is_none()) return;
@@ -137,6 +132,17 @@ ReplayResult replay_py(const Tokens& tokens, size_t n_ctx, size_t n_draft, const
             throw PythonErrorPending{};
         }
     };
+}
+
+// The replay runs without the GIL; the progress callback takes it back to call Python
+// and to let Ctrl-C stop the replay.
+ReplayResult replay_py(const Tokens& tokens, size_t n_ctx, size_t n_draft, const py::object& static_obj,
+                       SharedCache* dynamic, bool update_dynamic, const py::object& progress) {
+    ReplayOptions opt;
+    opt.n_ctx = n_ctx;
+    opt.n_draft = n_draft;
+    const StaticSource st = static_source(static_obj);
+    const ReplayProgress cb = progress_callback(progress);
     try {
         py::gil_scoped_release release;
         return replay_shared(tokens.data(), len(tokens), opt, st, dynamic, update_dynamic, cb);
@@ -381,17 +387,7 @@ py::class_<Bound<D>> bind_sequence_drafter(py::module_& m, const char* name, con
         ReplayOptions opt;
         opt.n_ctx = n_ctx;
         opt.n_draft = n_draft;
-        ReplayProgress cb = [&](int64_t done, int64_t total) {
-            py::gil_scoped_acquire gil;
-            if (PyErr_CheckSignals() != 0) throw PythonErrorPending{};
-            if (progress.is_none()) return;
-            try {
-                progress(done, total);
-            } catch (py::error_already_set& e) {
-                e.restore();
-                throw PythonErrorPending{};
-            }
-        };
+        const ReplayProgress cb = progress_callback(progress);
         try {
             py::gil_scoped_release release;
             return replay_drafter(b.d, tokens.data(), len(tokens), opt, cb);
