@@ -80,6 +80,31 @@ def test_adapter_feeds_lookup_drafter_incrementally():
     assert a.resets == 0
 
 
+@pytest.mark.parametrize("name", ["copy", "suffix", "simple", "map-k", "map-k4v", "mod", "pld"])
+def test_adapter_feeds_every_drafter_incrementally(name):
+    from ngramcache.catalog import make_drafter
+
+    opts = {"simple": {"size_n": 2, "size_m": 8}, "map-k": {"size_n": 2, "size_m": 8},
+            "map-k4v": {"size_n": 2, "size_m": 8}, "mod": {"n_match": 2, "n_min": 1, "n_max": 8}}.get(name, {})
+    seq = reference(PROMPT, 300)
+    full = np.asarray(PROMPT + seq, dtype=np.intc)
+    a = LlamaDrafter(make_drafter(name, n_draft=4, **opts))
+    b = make_drafter(name, n_draft=4, **opts)
+    b.reset(full[: len(PROMPT)])
+    n, prev, proposed = len(PROMPT), None, 0
+    while n < full.size:
+        got = a(full[:n])
+        if prev is not None:
+            b.accept(full[prev:n])
+        want = b.propose(4)
+        assert got.tolist() == want.tolist()
+        proposed += want.size
+        prev = n
+        n += 1 + (n % 3)
+    assert a.resets == 0
+    assert proposed > 0
+
+
 def test_adapter_rejects_non_drafters():
     with pytest.raises(TypeError):
         LlamaDrafter(object())
