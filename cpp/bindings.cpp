@@ -548,6 +548,16 @@ void register_sequence_drafters(py::module_& m) {
             py::gil_scoped_release release;
             s.clear();
         })
+        .def("requests", [](const SuffixStore& s) {
+            const auto reqs = nogil([&] { return s.requests(); });
+            py::list out;
+            for (const auto& r : reqs) {
+                py::array_t<int32_t> a(static_cast<py::ssize_t>(r.size()));
+                if (!r.empty()) std::memcpy(a.mutable_data(), r.data(), r.size() * sizeof(int32_t));
+                out.append(a);
+            }
+            return out;
+        })
         .def_property_readonly("n_tokens", &SuffixStore::n_tokens)
         .def_property_readonly("n_requests", &SuffixStore::n_requests)
         .def_property_readonly("n_nodes", &SuffixStore::n_nodes)

@@ -232,3 +232,102 @@ def test_threads_share_a_store(prose):
         t.join()
     assert not errors
     assert store.n_tokens <= 3000
+
+
+# --- saving and loading a store ------------------------------------------------------
+
+def _filled_store(max_tokens=5000):
+    rng = np.random.default_rng(7)
+    store = SuffixStore(max_tokens=max_tokens, max_depth=16)
+    phrases = [rng.integers(0, 50, rng.integers(3, 12)) for _ in range(10)]
+    for _ in range(12):
+        store.add(np.concatenate([phrases[i] for i in rng.integers(0, 10, 20)]))
+    return store
+
+
+def _proposals(store, toks):
+    d = SuffixDrafter(n_draft=8, max_depth=16, store=store)
+    d.reset(toks[:5])
+    out = []
+    for i in range(5, toks.size):
+        out.append(d.propose().tolist())
+        d.accept(toks[i : i + 1])
+    return out
+
+
+def test_store_save_load_round_trip(tmp_path):
+    store = _filled_store()
+    path = tmp_path / "memory.ngss"
+    store.save(path)
+    back = SuffixStore.load(path)
+    assert (back.max_tokens, back.max_depth, back.n_requests, back.n_tokens) == \
+        (store.max_tokens, store.max_depth, store.n_requests, store.n_tokens)
+    assert [r.tolist() for r in back.requests()] == [r.tolist() for r in store.requests()]
+    probe = store.requests()[-1][:60]
+    assert _proposals(back, probe) == _proposals(store, probe)
+    assert any(_proposals(back, probe))
+
+
+def test_store_load_with_a_smaller_bound_keeps_the_newest(tmp_path):
+    store = _filled_store()
+    path = tmp_path / "memory.ngss"
+    store.save(path)
+    newest = store.requests()[-1]
+    back = SuffixStore.load(path, max_tokens=newest.size + 1)
+    assert back.n_requests == 1 and back.requests()[0].tolist() == newest.tolist()
+
+
+def test_empty_store_round_trip(tmp_path):
+    path = tmp_path / "empty.ngss"
+    SuffixStore(max_tokens=10).save(path)
+    back = SuffixStore.load(path)
+    assert back.n_requests == 0 and back.max_tokens == 10
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: b[:20], "truncated"),
+    (lambda b: b"XXXX" + b[4:], "not a suffix store"),
+    (lambda b: b[:100] + bytes([b[100] ^ 1]) + b[101:], "checksum"),
+    (lambda b: b[:-10], "checksum"),
+])
+def test_store_load_rejects_damaged_files(tmp_path, damage, message):
+    path = tmp_path / "memory.ngss"
+    _filled_store().save(path)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(nc.CacheFormatError, match=message):
+        SuffixStore.load(path)
+
+
+def test_store_load_rejects_another_version_and_bad_lengths(tmp_path):
+    import struct
+    import zlib
+
+    path = tmp_path / "memory.ngss"
+    _filled_store().save(path)
+    body = bytearray(path.read_bytes()[:-4])
+    body[4:8] = struct.pack("<I", 99)
+    path.write_bytes(bytes(body) + struct.pack("<I", zlib.crc32(bytes(body))))
+    with pytest.raises(nc.CacheFormatError, match="version 99"):
+        SuffixStore.load(path)
+    body[4:8] = struct.pack("<I", 1)
+    body[32:40] = struct.pack("<Q", 10**6)  # the first request's length
+    path.write_bytes(bytes(body) + struct.pack("<I", zlib.crc32(bytes(body))))
+    with pytest.raises(nc.CacheFormatError, match="lengths"):
+        SuffixStore.load(path)
+    with pytest.raises(FileNotFoundError):
+        SuffixStore.load(tmp_path / "missing.ngss")
+
+
+def test_store_save_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "memory.ngss"
+    _filled_store().save(path)
+    before = path.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("ngramcache.suffix.zlib.crc32", boom)
+    with pytest.raises(OSError):
+        SuffixStore(max_tokens=10).save(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["memory.ngss"]

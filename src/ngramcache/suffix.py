@@ -10,13 +10,25 @@ proposal rule, costs and the store's guarantees.
 from __future__ import annotations
 
 import math
+import os
+import struct
+import zlib
+
+import numpy as np
 
 from . import _core
+from ._core import CacheFormatError
 from ._validate import as_tokens, check_int
 from .drafters import CoreSequenceDrafter
 from .gate import AdaptiveGate
 
 __all__ = ["SuffixDrafter", "SuffixStore", "SUFFIX_MAX_DEPTH"]
+
+# A saved store: this header, each request's length (uint64), every request's tokens
+# (int32), then the CRC-32 of everything before it; little-endian throughout.
+_MAGIC = b"NGSS"
+_VERSION = 1
+_HEADER = struct.Struct("<4sIQIIQ")  # magic, version, max_tokens, max_depth, reserved, n_requests
 
 #: the largest ``max_depth`` (memory grows with it where text repeats: up to max_depth + 1
 #: nodes a token)
@@ -77,6 +89,68 @@ class SuffixStore:
     def clear(self) -> None:
         """Forget every request."""
         self._core.clear()
+
+    def requests(self) -> list[np.ndarray]:
+        """The requests held, oldest first (copies)."""
+        return self._core.requests()
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the store's requests and bounds to ``path`` (atomic: a temporary file
+        renamed over ``path``, so an interrupted save leaves the previous file whole).
+        ``SuffixStore.load`` rebuilds the same store from it."""
+        from .files import atomic_open
+
+        reqs = self.requests()
+        lengths = np.array([r.size for r in reqs], dtype="<u8")
+        body = (_HEADER.pack(_MAGIC, _VERSION, self.max_tokens, self.max_depth, 0, len(reqs))
+                + lengths.tobytes() + b"".join(r.astype("<i4", copy=False).tobytes() for r in reqs))
+        with atomic_open(path, "wb") as f:
+            f.write(body)
+            f.write(struct.pack("<I", zlib.crc32(body)))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, max_tokens: int | None = None,
+             max_depth: int | None = None) -> "SuffixStore":
+        """The store saved at ``path``, with its saved bounds unless ``max_tokens`` or
+        ``max_depth`` are given (a smaller ``max_tokens`` keeps the newest requests that
+        fit). A damaged, truncated or foreign file raises ``CacheFormatError`` naming
+        the problem; a missing one ``FileNotFoundError``."""
+        name = os.fspath(path)
+        with open(name, "rb") as f:
+            data = f.read()
+        if len(data) < _HEADER.size + 4:
+            raise CacheFormatError(f"{name}: not a suffix store (truncated: {len(data)} bytes)")
+        magic, version, saved_tokens, saved_depth, _, n = _HEADER.unpack_from(data)
+        if magic != _MAGIC:
+            raise CacheFormatError(f"{name}: not a suffix store (magic {magic!r}, expected {_MAGIC!r})")
+        if version != _VERSION:
+            raise CacheFormatError(f"{name}: suffix store version {version} is not supported (this is {_VERSION})")
+        (crc,) = struct.unpack_from("<I", data, len(data) - 4)
+        if zlib.crc32(data[:-4]) != crc:
+            raise CacheFormatError(f"{name}: damaged or truncated suffix store (checksum mismatch)")
+        off = _HEADER.size
+        if n > (len(data) - off - 4) // 8:
+            raise CacheFormatError(f"{name}: {n} requests cannot fit in {len(data)} bytes")
+        lengths = np.frombuffer(data, dtype="<u8", count=n, offset=off).astype(np.int64)
+        off += 8 * n
+        total = int(lengths.sum()) if n else 0
+        if (lengths < 0).any() or off + 4 * total + 4 != len(data):
+            raise CacheFormatError(f"{name}: request lengths do not match the file size")
+        try:
+            store = cls(saved_tokens if max_tokens is None else max_tokens,
+                        saved_depth if max_depth is None else max_depth)
+        except ValueError as e:
+            if max_tokens is None and max_depth is None:
+                raise CacheFormatError(f"{name}: bad bounds in the header ({e})") from None
+            raise
+        tokens = np.frombuffer(data, dtype="<i4", count=total, offset=off).astype(np.int32)
+        if total and int(tokens.min()) < 0:
+            raise CacheFormatError(f"{name}: negative token id in a request")
+        start = 0
+        for k in lengths.tolist():
+            store._core.add(tokens[start : start + k])
+            start += k
+        return store
 
     def __repr__(self) -> str:
         return (f"<SuffixStore {self.n_requests} requests, {self.n_tokens} of {self.max_tokens} tokens, "

@@ -87,6 +87,14 @@ public:
         std::shared_lock<std::shared_mutex> lk(mu_);
         return trie_.n_nodes();
     }
+    // The requests held, oldest first (a copy taken under the lock: what saving needs).
+    std::vector<std::vector<token_t>> requests() const {
+        std::shared_lock<std::shared_mutex> lk(mu_);
+        std::vector<std::vector<token_t>> out;
+        out.reserve(trie_.n_texts());
+        for (size_t i = 0; i < trie_.n_texts(); ++i) out.push_back(trie_.text_at(i));
+        return out;
+    }
     bool consistent() const {  // for tests
         std::shared_lock<std::shared_mutex> lk(mu_);
         return trie_.consistent();

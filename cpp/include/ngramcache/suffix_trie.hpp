@@ -75,6 +75,7 @@ public:
     size_t max_depth() const { return depth_; }
     size_t n_nodes() const { return nodes_.size() - 1 - free_.size(); }
     size_t n_texts() const { return texts_.size(); }
+    const std::vector<token_t>& text_at(size_t i) const { return texts_[i]; }  // 0: the oldest
     size_t front_size() const { return texts_.front().size(); }
     const Node& node(uint32_t i) const { return nodes_[i]; }
 
