@@ -458,6 +458,17 @@ void register_sequence_drafters(py::module_& m) {
         py::class_<NgramModTable, std::shared_ptr<NgramModTable>>(m, "NgramModTable",
                                                                   "ngram-mod's hash table, shareable by drafters and threads.")
             .def(py::init<size_t>(), "size"_a = NgramModTable::kDefaultSize)
+            .def("entries", [](const NgramModTable& t) {
+                py::array_t<int32_t> out(static_cast<py::ssize_t>(t.size()));
+                int32_t* p = out.mutable_data();
+                nogil([&] { t.export_entries(p); });
+                return out;
+            })
+            .def("set_entries", [](NgramModTable& t, const Tokens& a) {
+                if (len(a) != t.size())
+                    throw InputError("expected " + std::to_string(t.size()) + " slots, got " + std::to_string(len(a)));
+                nogil([&] { t.import_entries(a.data()); });
+            }, "entries"_a)
             .def_property_readonly("size", &NgramModTable::size)
             .def_property_readonly("nbytes", &NgramModTable::nbytes)
             .def_property_readonly("used", &NgramModTable::used)

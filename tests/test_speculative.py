@@ -434,3 +434,69 @@ def test_threads_replaying_without_the_gil_share_a_table():
         t.join()
     assert results == [alone] * 8
     assert table.resets == 0
+
+
+# --- saving and loading an ngram-mod table ------------------------------------------
+
+def _trained_table(size=4096):
+    from ngramcache.speculative import NgramMod, NgramModTable
+
+    table = NgramModTable(size)
+    rng = np.random.default_rng(3)
+    phrase = rng.integers(0, 30, 40).astype(np.int32)
+    toks = np.concatenate([phrase, rng.integers(0, 30, 20), phrase]).astype(np.int32)
+    d = NgramMod(n_match=4, n_min=1, n_max=8, table=table)
+    d.begin(toks[:-1])
+    d.draft(toks[:-1], int(toks[-1]))
+    return table, toks
+
+
+def test_mod_table_save_load_round_trip(tmp_path):
+    from ngramcache.speculative import NgramMod, NgramModTable
+
+    table, toks = _trained_table()
+    assert table.used > 0
+    path = tmp_path / "mod.ngmt"
+    table.save(path)
+    back = NgramModTable.load(path)
+    assert (back.size, back.used) == (table.size, table.used)
+    assert np.array_equal(back._core.entries(), table._core.entries())
+    drafts = []
+    for t in (table, back):
+        d = NgramMod(n_match=4, n_min=1, n_max=8, table=t)
+        d.begin(toks[:44])
+        drafts.append(d.draft(toks[:44], int(toks[44])).tolist())
+    assert drafts[0] == drafts[1] and drafts[0]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: b[:10], "truncated"),
+    (lambda b: b"XXXX" + b[4:], "not an ngram-mod table"),
+    (lambda b: b[:200] + bytes([b[200] ^ 4]) + b[201:], "checksum"),
+    (lambda b: b[:-8], "do not hold"),
+])
+def test_mod_table_load_rejects_damaged_files(tmp_path, damage, message):
+    from ngramcache.speculative import NgramModTable
+
+    path = tmp_path / "mod.ngmt"
+    _trained_table()[0].save(path)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(nc.CacheFormatError, match=message):
+        NgramModTable.load(path)
+
+
+def test_mod_table_load_rejects_a_slot_that_is_not_a_token(tmp_path):
+    import struct
+    import zlib
+
+    from ngramcache.speculative import NgramModTable
+
+    path = tmp_path / "mod.ngmt"
+    NgramModTable(16).save(path)
+    body = bytearray(path.read_bytes()[:-4])
+    body[16 + 4 * 3 : 16 + 4 * 4] = struct.pack("<i", -7)
+    path.write_bytes(bytes(body) + struct.pack("<I", zlib.crc32(bytes(body))))
+    with pytest.raises(nc.CacheFormatError, match="slot 3 holds -7"):
+        NgramModTable.load(path)
+    with pytest.raises(FileNotFoundError):
+        NgramModTable.load(tmp_path / "missing.ngmt")

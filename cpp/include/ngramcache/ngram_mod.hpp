@@ -78,6 +78,22 @@ public:
         resets_.fetch_add(1, std::memory_order_relaxed);
     }
 
+    // Every slot, for saving (each read is atomic; a writer meanwhile may or may not be seen).
+    void export_entries(int32_t* out) const {
+        for (size_t i = 0; i < size_; ++i) out[i] = entries_[i].load(std::memory_order_relaxed);
+    }
+    // Every slot from a saved table of the same size; slots < -1 are not tokens.
+    void import_entries(const int32_t* in) {
+        size_t used = 0;
+        for (size_t i = 0; i < size_; ++i)
+            if (in[i] < kEmpty) throw InputError("slot " + std::to_string(i) + " holds " + std::to_string(in[i]));
+        for (size_t i = 0; i < size_; ++i) {
+            entries_[i].store(in[i], std::memory_order_relaxed);
+            used += in[i] != kEmpty;
+        }
+        used_.store(used, std::memory_order_relaxed);
+    }
+
 private:
     size_t size_;
     std::unique_ptr<std::atomic<int32_t>[]> entries_;
