@@ -34,11 +34,12 @@ _OPTIONS = [
     ("--pld-min-ngram", "pld_min_ngram", int, ("pld",), "min_ngram",
      "prompt lookup: shortest n-gram matched (default 1)"),
     ("--pld-match", "pld_match", str, ("pld",), "match",
-     "prompt lookup: which earlier occurrence, 'first' (Hugging Face) or 'recent' (default first)"),
+     "prompt lookup: which earlier occurrence, 'first' (as Hugging Face, llama-cpp-python and vLLM) or "
+     "'recent' (the newest, as ngram-simple; default first)"),
     ("--suffix-max-depth", "suffix_max_depth", int, ("suffix",), "max_depth",
-     "suffix drafter: longest match counted (default 64)"),
+     "suffix drafter: longest match counted (1-1024; default 64)"),
     ("--suffix-min-prob", "suffix_min_prob", float, ("suffix",), "min_prob",
-     "suffix drafter: stop the draft where its estimated probability falls below this"),
+     "suffix drafter: stop the draft where its estimated probability falls below this (0-1; default 0.1)"),
 ]
 
 
