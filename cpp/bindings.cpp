@@ -80,14 +80,30 @@ py::dict header_dict(const ngst::Header& h, const ngst::Layout& L) {
                                              "records"_a = h.ck_records, "entries"_a = h.ck_entries));
 }
 
+// Exported under the lock without the GIL (see register_cache), then copied into arrays.
 py::tuple cache_arrays(const SharedCache& s) {
-    return s.read([](const NgramCache& c) {
-        const auto n = static_cast<py::ssize_t>(c.size()), m = static_cast<py::ssize_t>(c.n_entries());
-        py::array_t<int32_t> keys({n, py::ssize_t(kNgramMax)}), toks(m), cnts(m);
-        py::array_t<int64_t> offsets(n + 1);
-        c.export_arrays(keys.mutable_data(), offsets.mutable_data(), toks.mutable_data(), cnts.mutable_data());
-        return py::make_tuple(keys, offsets, toks, cnts);
+    std::vector<int32_t> keys, toks, cnts;
+    std::vector<int64_t> offsets;
+    nogil([&] {
+        s.read([&](const NgramCache& c) {
+            keys.resize(c.size() * kNgramMax);
+            offsets.resize(c.size() + 1);
+            toks.resize(c.n_entries());
+            cnts.resize(c.n_entries());
+            c.export_arrays(keys.data(), offsets.data(), toks.data(), cnts.data());
+        });
     });
+    const auto n = static_cast<py::ssize_t>(offsets.size() - 1), m = static_cast<py::ssize_t>(toks.size());
+    py::array_t<int32_t> k({n, py::ssize_t(kNgramMax)}), t(m), c(m);
+    py::array_t<int64_t> o(n + 1);
+    auto copy = [](auto& arr, const auto& v) {
+        if (!v.empty()) std::memcpy(arr.mutable_data(), v.data(), v.size() * sizeof(v[0]));
+    };
+    copy(k, keys);
+    copy(o, offsets);
+    copy(t, toks);
+    copy(c, cnts);
+    return py::make_tuple(k, o, t, c);
 }
 
 // Copies, flagged read-only (the table itself is immutable).
@@ -171,9 +187,15 @@ void register_errors(py::module_& m) {
 void register_cache(py::module_& m) {
     py::class_<SharedCache>(m, "NgramCache", "Mutable n-gram cache (llama.cpp's context/dynamic cache).")
         .def(py::init<>())
-        .def("__len__", [](const SharedCache& s) { return s.read([](const NgramCache& c) { return c.size(); }); })
-        .def_property_readonly(
-            "nbytes", [](const SharedCache& s) { return s.read([](const NgramCache& c) { return c.memory_bytes(); }); })
+        // Every lock is taken without the GIL: a replay holding this cache's lock takes the
+        // GIL back for its progress callback, and waiting for the lock with the GIL held
+        // would leave both waiting forever.
+        .def("__len__", [](const SharedCache& s) {
+            return nogil([&] { return s.read([](const NgramCache& c) { return c.size(); }); });
+        })
+        .def_property_readonly("nbytes", [](const SharedCache& s) {
+            return nogil([&] { return s.read([](const NgramCache& c) { return c.memory_bytes(); }); });
+        })
         .def("update",
              [](SharedCache& s, const Tokens& tokens, int ngram_min, int ngram_max, size_t nnew) {
                  py::gil_scoped_release release;
@@ -182,11 +204,14 @@ void register_cache(py::module_& m) {
         .def("get",
              [](const SharedCache& s, const Tokens& ngram) {
                  const Ngram key = Ngram::checked(ngram.data(), len(ngram));
-                 py::dict d;
-                 s.read([&](const NgramCache& c) {
-                     if (const Part* part = c.find(key))
-                         for (const Entry& e : *part) d[py::int_(e.token)] = py::int_(e.count);
+                 std::vector<Entry> entries;
+                 nogil([&] {
+                     s.read([&](const NgramCache& c) {
+                         if (const Part* part = c.find(key)) entries.assign(part->begin(), part->end());
+                     });
                  });
+                 py::dict d;
+                 for (const Entry& e : entries) d[py::int_(e.token)] = py::int_(e.count);
                  return d;
              })
         .def("merge",
@@ -194,7 +219,7 @@ void register_cache(py::module_& m) {
                  py::gil_scoped_release release;
                  merge_shared(s, other);
              })
-        .def("clear", [](SharedCache& s) { s.write([](NgramCache& c) { c.clear(); }); })
+        .def("clear", [](SharedCache& s) { nogil([&] { s.write([](NgramCache& c) { c.clear(); }); }); })
         .def("arrays", &cache_arrays)
         .def("to_bytes", [](const SharedCache& s) { return as_bytes(nogil([&] { return s.read(serialize_lookup); })); })
         .def("save",
@@ -351,25 +376,47 @@ struct Bound {
     D d;
     std::atomic<bool> busy{false};
 
+    // For calls that keep the GIL and do not touch a lock: refused during a replay.
     D& use() {
         if (busy.load(std::memory_order_acquire))
-            throw std::runtime_error("this drafter is being replayed by another thread");
+            throw std::runtime_error("this drafter is in use by another thread");
         return d;
     }
+
+    // Exclusive use for a call that releases the GIL (a step, or a whole replay).
+    struct Claim {
+        explicit Claim(Bound& b) : f(b.busy) {
+            bool expected = false;
+            if (!f.compare_exchange_strong(expected, true, std::memory_order_acq_rel))
+                throw std::runtime_error("this drafter is in use by another thread");
+        }
+        ~Claim() { f.store(false, std::memory_order_release); }
+        Claim(const Claim&) = delete;
+        Claim& operator=(const Claim&) = delete;
+        std::atomic<bool>& f;
+    };
 };
 
+// A step releases the GIL: a drafter may wait for a cache's lock (the copy drafter's
+// caches), and a thread holding that lock may be waiting for the GIL (a replay's progress).
 template <class D>
 py::class_<Bound<D>> bind_sequence_drafter(py::module_& m, const char* name, const char* doc) {
     using B = Bound<D>;
     py::class_<B> c(m, name, doc);
-    c.def("reset", [](B& b, const Tokens& t) { b.use().reset(t.data(), len(t)); }, "prompt"_a)
-        .def("accept", [](B& b, const Tokens& t) { b.use().accept(t.data(), len(t)); }, "tokens"_a)
+    c.def("reset", [](B& b, const Tokens& t) {
+            typename B::Claim claim(b);
+            nogil([&] { b.d.reset(t.data(), len(t)); });
+        }, "prompt"_a)
+        .def("accept", [](B& b, const Tokens& t) {
+            typename B::Claim claim(b);
+            nogil([&] { b.d.accept(t.data(), len(t)); });
+        }, "tokens"_a)
         .def("propose", [](B& b, size_t n_max) {
-            D& d = b.use();
+            typename B::Claim claim(b);
             token_t small[64];
             std::vector<token_t> big(n_max > 64 ? n_max : 0);
             token_t* out = n_max > 64 ? big.data() : small;
-            const size_t n = std::min(d.propose(n_max, out), n_max);
+            const size_t n = nogil([&] { return std::min(b.d.propose(n_max, out), n_max); });
             py::array_t<int32_t> result(static_cast<py::ssize_t>(n));
             if (n) std::memcpy(result.mutable_data(), out, n * sizeof(int32_t));
             return result;
@@ -377,13 +424,7 @@ py::class_<Bound<D>> bind_sequence_drafter(py::module_& m, const char* name, con
         .def_property_readonly("confidence", [](B& b) { return b.use().confidence(); },
                                "The last proposal's confidence (a match length), for the adaptive gate.");
     m.def("replay_drafter", [](B& b, const Tokens& tokens, size_t n_ctx, size_t n_draft, const py::object& progress) {
-        bool expected = false;
-        if (!b.busy.compare_exchange_strong(expected, true, std::memory_order_acq_rel))
-            throw std::runtime_error("this drafter is being replayed by another thread");
-        struct Release {
-            std::atomic<bool>& f;
-            ~Release() { f.store(false, std::memory_order_release); }
-        } release_busy{b.busy};
+        typename B::Claim claim(b);
         ReplayOptions opt;
         opt.n_ctx = n_ctx;
         opt.n_draft = n_draft;
