@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import ngramcache as nc
 from ngramcache import files as F
 
 
@@ -106,3 +107,16 @@ def test_atomic_open_replaces_and_leaves_no_temporary_file(tmp_path):
     with F.atomic_open(target) as f:
         f.write(b"new")
     assert target.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
+
+
+def test_a_path_with_a_nul_byte_is_refused_not_cut_short(tmp_path):
+    victim = tmp_path / "victim.bin"
+    nc.NgramCache().save(victim)
+    table = tmp_path / "victim.ngst"
+    nc.StaticTable.build(np.arange(20, dtype=np.int32) % 5, 2).save(table)
+    for call in (lambda: nc.NgramCache.load(f"{victim}\0other"),
+                 lambda: nc.StaticTable.open(f"{table}\0other"),
+                 lambda: nc.NgramCache().save(f"{victim}\0other")):
+        with pytest.raises(ValueError, match="NUL byte"):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim.bin", "victim.ngst"]

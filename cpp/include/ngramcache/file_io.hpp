@@ -15,13 +15,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ngram.hpp"  // InputError
+
 namespace ngramcache {
 
 struct FileNotFound : std::runtime_error {   // -> FileNotFoundError
     using std::runtime_error::runtime_error;
 };
 
+// A path with a NUL byte would be cut short by the C calls below (and name another file):
+// refused, as Python's own open() refuses it.
+inline void check_path(const std::string& path) {
+    const size_t at = path.find('\0');
+    if (at != std::string::npos)
+        throw InputError("path contains a NUL byte (at offset " + std::to_string(at) + ")");
+}
+
 inline std::vector<char> read_file(const std::string& path) {
+    check_path(path);
     struct stat st;
     if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
         throw std::system_error(EISDIR, std::generic_category(), path + " is a directory, not a cache file");
@@ -65,6 +76,7 @@ inline void fsync_folder(const std::string& folder) {
 // (without it the rename itself may be lost on a crash). The temporary file is removed on
 // any failure.
 inline void write_file_atomic(const std::string& path, const void* data, size_t size) {
+    check_path(path);
     std::string tmpl = path + ".tmp.XXXXXX";
     std::vector<char> name(tmpl.begin(), tmpl.end());
     name.push_back('\0');
@@ -116,6 +128,7 @@ public:
     }
 
     static FileMapping open(const std::string& path) {
+        check_path(path);
         const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
             if (errno == ENOENT) throw FileNotFound(path + ": no such file");
