@@ -237,7 +237,7 @@ def test_real_text_equals_the_reference(prose_stream, data):
         pair = (lambda: NgramMod(n, 1, m, NgramModTable(1 << 16)), lambda: ref.NgramMod(n, 1, m, ref.ModTable(n, 1 << 16)))
     got, want = ref_drive(*pair, s, 300)
     assert got == want
-    if kind == "simple" and n <= 2:
+    if kind == "simple" and n <= 2 and m >= n:  # size_m < size_n never drafts (copy < size_n)
         assert any(d for _, d, _ in got)
 
 
