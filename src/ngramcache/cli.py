@@ -14,7 +14,7 @@ import sys
 
 from .commands._common import RunError, UsageError
 
-COMMANDS = ("create", "merge", "convert", "info", "stats", "generate", "demo")
+COMMANDS = ("create", "merge", "convert", "info", "stats", "generate", "demo", "serve", "chat")
 
 
 def build_parser() -> argparse.ArgumentParser:

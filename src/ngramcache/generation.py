@@ -24,7 +24,7 @@ import numpy as np
 from ._validate import as_tokens, check_int
 from .drafters import Drafter
 
-__all__ = ["Backend", "GenerationResult", "Sampler", "generate", "stream"]
+__all__ = ["Backend", "GenerationResult", "PromptCache", "Sampler", "generate", "stream"]
 
 
 class Backend(Protocol):
@@ -75,7 +75,9 @@ class GenerationResult:
     """One request: the generated ``text`` and ``tokens`` (int32), the prompt's length
     ``n_prompt``, the tokens ``drafted`` and of those ``accepted``, the drafted tokens
     accepted at each verify step (``accept_lengths``) and why it stopped
-    (``stop_reason``: "length", "eos" or "context").
+    (``stop_reason``: "length", "eos", "context", or "stop" when ``on_tokens`` asked to
+    stop), and how many prompt tokens were already in the KV cache (``n_cached``, with a
+    ``PromptCache``).
 
     Clocks in seconds: ``t_prompt`` (prompt decode), ``t_draft`` (proposing and cache
     updates), ``t_verify`` (batched decodes and token choice after the prompt),
@@ -91,7 +93,8 @@ class GenerationResult:
     drafted: int
     accepted: int
     accept_lengths: list[int] = field(default_factory=list)  # drafted tokens accepted, per verify step
-    stop_reason: str = "length"      # "length", "eos" or "context"
+    stop_reason: str = "length"      # "length", "eos", "context" or "stop"
+    n_cached: int = 0                # prompt tokens found in the KV cache (not decoded again)
 
     @classmethod
     def decoded(cls, backend, tokens: np.ndarray, **fields) -> "GenerationResult":
@@ -178,6 +181,47 @@ class Sampler:
         return int(ids[j]) if ids is not None else int(j)
 
 
+class PromptCache:
+    """What a backend's KV cache holds after a request, so that the next request that
+    starts with the same tokens (the next turn of a chat, the same system prompt) decodes
+    only the tokens after the shared prefix.
+
+    Pass the same ``PromptCache`` to every ``generate`` call on one backend. It is only
+    trusted for that backend and only after a request that ended cleanly (finished,
+    stopped, or abandoned between steps); after an error it is emptied, and the next
+    request decodes its whole prompt."""
+
+    def __init__(self) -> None:
+        self.tokens = np.zeros(0, dtype=np.int32)
+        self._backend = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.size)
+
+    def clear(self) -> None:
+        """Forget what the KV cache holds (the next request decodes its whole prompt)."""
+        self.tokens = np.zeros(0, dtype=np.int32)
+        self._backend = None
+
+    def reusable(self, backend, prompt_tokens: np.ndarray) -> int:
+        """How many leading tokens of ``prompt_tokens`` are in ``backend``'s KV cache and
+        can be kept (at most all but the last: its logits are needed)."""
+        if self._backend is not backend or not self.tokens.size:
+            return 0
+        n = min(self.tokens.size, prompt_tokens.size - 1)
+        if n <= 0:
+            return 0
+        diff = np.flatnonzero(self.tokens[:n] != prompt_tokens[:n])
+        return int(diff[0]) if diff.size else int(n)
+
+    def _set(self, backend, tokens: np.ndarray) -> None:
+        self._backend = backend
+        self.tokens = tokens
+
+    def __repr__(self) -> str:
+        return f"<PromptCache {self.tokens.size} tokens>"
+
+
 class stream:
     """Iterate over generated text pieces; ``.result`` holds the ``GenerationResult``
     once the iteration is over. Same arguments as :func:`generate`."""
@@ -220,8 +264,9 @@ class stream:
 def generate(backend: Backend, prompt, drafter: Drafter | None = None, max_tokens: int = 128, *,
              temperature: float = 0.0, seed: int | None = None, top_k: int = 0, top_p: float = 1.0,
              n_threads: int | None = None, n_threads_batch: int | None = None, stop_at_eos: bool = True,
-             on_tokens: Callable[[list[int], int], None] | None = None,
-             on_logits: Callable[[int, np.ndarray], None] | None = None) -> GenerationResult:
+             on_tokens: Callable[[list[int], int], bool | None] | None = None,
+             on_logits: Callable[[int, np.ndarray], None] | None = None,
+             prompt_cache: PromptCache | None = None) -> GenerationResult:
     """Generate up to ``max_tokens`` tokens after ``prompt`` (text, or token ids).
 
     ``drafter`` None is plain decoding (one token per decode). Greedy
@@ -233,13 +278,17 @@ def generate(backend: Backend, prompt, drafter: Drafter | None = None, max_token
 
     ``n_threads`` / ``n_threads_batch`` go to the backend's ``set_threads`` (None:
     leave them as they are). ``on_tokens(tokens, n_from_draft)`` is called as tokens
-    are settled (streaming; the first ``n_from_draft`` came from the drafter).
+    are settled (streaming; the first ``n_from_draft`` came from the drafter); when it
+    returns True generation ends there (``stop_reason`` "stop": a stop string was seen,
+    the client went away). ``prompt_cache``: a :class:`PromptCache` shared by the
+    requests on this backend, so that a prompt sharing a prefix with what the KV cache
+    holds decodes only the rest (``n_cached`` in the result).
     ``on_logits(i, row)`` sees the logits row that decided generated token i (for
     checks; the row is only valid during the call).
     """
     gen = _run(backend, prompt, drafter, max_tokens, temperature=temperature, seed=seed, top_k=top_k,
                top_p=top_p, n_threads=n_threads, n_threads_batch=n_threads_batch,
-               stop_at_eos=stop_at_eos, on_tokens=on_tokens, on_logits=on_logits)
+               stop_at_eos=stop_at_eos, on_tokens=on_tokens, on_logits=on_logits, prompt_cache=prompt_cache)
     while True:
         try:
             next(gen)
@@ -262,12 +311,15 @@ def _set_threads(m, n_threads, n_threads_batch) -> None:
 
 
 def _run(m: Backend, prompt, drafter, max_tokens, *, temperature=0.0, seed=None, top_k=0, top_p=1.0,
-         n_threads=None, n_threads_batch=None, stop_at_eos=True, on_tokens=None, on_logits=None):
+         n_threads=None, n_threads_batch=None, stop_at_eos=True, on_tokens=None, on_logits=None,
+         prompt_cache=None):
     # A generator so that ``stream`` can hand out text between steps; returns the result.
     max_tokens = check_int("max_tokens", max_tokens, 0)
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must implement the Drafter protocol, got {type(drafter).__name__}")
     _check_backend(m)
+    if prompt_cache is not None and not isinstance(prompt_cache, PromptCache):
+        raise TypeError(f"prompt_cache must be a PromptCache, got {type(prompt_cache).__name__}")
     sampler = Sampler(temperature, top_k, top_p, seed)
     prompt_tokens = m.tokenize(prompt)
     if prompt_tokens.size == 0:
@@ -282,16 +334,27 @@ def _run(m: Backend, prompt, drafter, max_tokens, *, temperature=0.0, seed=None,
     stop_reason = "length"
     n_p = int(prompt_tokens.size)
     t0 = time.perf_counter()
-    m.clear()
-    # the prompt, in n_batch pieces, with logits for its last token only
-    for s in range(0, n_p, m.n_batch):
+    n_keep = prompt_cache.reusable(m, prompt_tokens) if prompt_cache is not None else 0
+    if n_keep and not _can_keep(m, n_keep):
+        n_keep = 0
+    if prompt_cache is not None:
+        prompt_cache.clear()  # trusted again only once the KV cache is consistent
+    if n_keep:
+        m.truncate(n_keep)
+    else:
+        m.clear()
+    # the prompt after the kept prefix, in n_batch pieces, with logits for its last token only
+    for s in range(n_keep, n_p, m.n_batch):
         chunk = prompt_tokens[s : s + m.n_batch]
         m.decode(chunk, s, len(chunk) - 1 if s + len(chunk) == n_p else len(chunk))
+    n_past = n_p  # positions in the KV cache; the newest token is not among them yet
     if max_tokens == 0:
         t = time.perf_counter() - t0
+        if prompt_cache is not None:
+            prompt_cache._set(m, prompt_tokens.copy())
         return GenerationResult.decoded(m, out[:0], n_prompt=n_p, t_prompt=t, t_draft=0.0, t_verify=0.0,
                                         t_total=t, drafted=0, accepted=0, accept_lengths=[],
-                                        stop_reason="length")
+                                        stop_reason="length", n_cached=n_keep)
     row = m.logits(len(chunk) - 1)
     if on_logits is not None:
         on_logits(0, row)
@@ -299,70 +362,87 @@ def _run(m: Backend, prompt, drafter, max_tokens, *, temperature=0.0, seed=None,
     t_prompt = time.perf_counter() - t0
     out[0] = tok
     n_out = 1
-    n_past = n_p  # positions in the KV cache; `tok` is not among them yet
-    if drafter is not None:
-        td = time.perf_counter()
-        drafter.reset(prompt_tokens)
-        drafter.accept(out[:1])
-        t_draft += time.perf_counter() - td
-    if on_tokens is not None:
-        on_tokens([tok], 0)
-    yield
-    if stop_at_eos and m.is_eog(tok):
-        stop_reason = "eos"
-    room_batch = max(m.n_batch, 2) - 1
-    while stop_reason == "length" and n_out < max_tokens:
-        if n_past >= m.n_ctx:
-            stop_reason = "context"
-            break
-        draft = _NO_DRAFT
-        if drafter is not None:
-            room = min(max_tokens - n_out - 1, m.n_ctx - n_past - 1, room_batch)
-            if room > 0:
-                td = time.perf_counter()
-                draft = as_tokens(drafter.propose(room), "draft")[:room]
-                t_draft += time.perf_counter() - td
-        k = int(draft.size)
-        tv = time.perf_counter()
-        m.decode(np.concatenate(([tok], draft)) if k else (tok,), n_past, 0)
-        # keep drafted tokens while the model's own choice equals them
-        new: list[int] = []
-        for i in range(k + 1):
-            row = m.logits(i)
-            if on_logits is not None:
-                on_logits(n_out + i, row)
-            choice = sampler(row)
-            new.append(choice)
-            if i == k or choice != int(draft[i]):
-                break
-        n_acc = len(new) - 1
-        if n_acc < k:
-            m.truncate(n_past + 1 + n_acc)
-        t_verify += time.perf_counter() - tv
-        if k:
-            drafted += k
-            accepted += n_acc
-        accept_lengths.append(n_acc)
-        n_past += 1 + n_acc
-        # an end-of-generation token ends the text, even inside an accepted draft
-        if stop_at_eos:
-            for j, t in enumerate(new):
-                if m.is_eog(t):
-                    new = new[: j + 1]
-                    stop_reason = "eos"
-                    break
-        new = new[: max_tokens - n_out]
-        out[n_out : n_out + len(new)] = new
-        n_out += len(new)
-        tok = new[-1]
+    consistent = True  # the KV cache holds exactly prompt + out[:n_out - 1]
+    try:
         if drafter is not None:
             td = time.perf_counter()
-            drafter.accept(out[n_out - len(new) : n_out])
+            drafter.reset(prompt_tokens)
+            drafter.accept(out[:1])
             t_draft += time.perf_counter() - td
-        if on_tokens is not None:
-            on_tokens(new, min(n_acc, len(new)))
+        if on_tokens is not None and on_tokens([tok], 0):
+            stop_reason = "stop"
         yield
+        if stop_reason == "length" and stop_at_eos and m.is_eog(tok):
+            stop_reason = "eos"
+        room_batch = max(m.n_batch, 2) - 1
+        while stop_reason == "length" and n_out < max_tokens:
+            if n_past >= m.n_ctx:
+                stop_reason = "context"
+                break
+            draft = _NO_DRAFT
+            if drafter is not None:
+                room = min(max_tokens - n_out - 1, m.n_ctx - n_past - 1, room_batch)
+                if room > 0:
+                    td = time.perf_counter()
+                    draft = as_tokens(drafter.propose(room), "draft")[:room]
+                    t_draft += time.perf_counter() - td
+            k = int(draft.size)
+            tv = time.perf_counter()
+            consistent = False
+            m.decode(np.concatenate(([tok], draft)) if k else (tok,), n_past, 0)
+            # keep drafted tokens while the model's own choice equals them
+            new: list[int] = []
+            for i in range(k + 1):
+                row = m.logits(i)
+                if on_logits is not None:
+                    on_logits(n_out + i, row)
+                choice = sampler(row)
+                new.append(choice)
+                if i == k or choice != int(draft[i]):
+                    break
+            n_acc = len(new) - 1
+            if n_acc < k:
+                m.truncate(n_past + 1 + n_acc)
+            t_verify += time.perf_counter() - tv
+            if k:
+                drafted += k
+                accepted += n_acc
+            accept_lengths.append(n_acc)
+            n_past += 1 + n_acc
+            # an end-of-generation token ends the text, even inside an accepted draft
+            if stop_at_eos:
+                for j, t in enumerate(new):
+                    if m.is_eog(t):
+                        new = new[: j + 1]
+                        stop_reason = "eos"
+                        break
+            new = new[: max_tokens - n_out]
+            out[n_out : n_out + len(new)] = new
+            n_out += len(new)
+            # tokens decoded past the end of the text (a cut accepted draft) are dropped
+            if n_past > n_p + n_out - 1:
+                m.truncate(n_p + n_out - 1)
+                n_past = n_p + n_out - 1
+            consistent = True
+            tok = new[-1]
+            if drafter is not None:
+                td = time.perf_counter()
+                drafter.accept(out[n_out - len(new) : n_out])
+                t_draft += time.perf_counter() - td
+            if on_tokens is not None and on_tokens(new, min(n_acc, len(new))) and stop_reason == "length":
+                stop_reason = "stop"
+            yield
+    finally:
+        if prompt_cache is not None and consistent:
+            prompt_cache._set(m, np.concatenate([prompt_tokens, out[: n_out - 1]]))
     t_total = time.perf_counter() - t0
     return GenerationResult.decoded(m, out[:n_out].copy(), n_prompt=n_p, t_prompt=t_prompt, t_draft=t_draft,
                                     t_verify=t_verify, t_total=t_total, drafted=drafted, accepted=accepted,
-                                    accept_lengths=accept_lengths, stop_reason=stop_reason)
+                                    accept_lengths=accept_lengths, stop_reason=stop_reason, n_cached=n_keep)
+
+
+def _can_keep(m, n_keep: int) -> bool:
+    # a backend whose cache cannot always keep a prefix (a sliding-window cache that
+    # already dropped what the next token would attend to) says so
+    can_keep = getattr(m, "can_keep", None)
+    return bool(can_keep(n_keep)) if callable(can_keep) else True

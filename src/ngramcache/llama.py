@@ -234,6 +234,7 @@ class LlamaBackend:
         self.n_ctx = llm.n_ctx()
         self.n_batch = llm.n_batch
         self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model)) if llm.context_params.swa_full is False else 0
         self._batch = _Batch(max(self.n_batch, 64))
         self._pieces: dict[int, bytes] = {}
 
@@ -276,6 +277,15 @@ class LlamaBackend:
     def truncate(self, pos: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self.mem, 0, pos, -1):
             raise RuntimeError(f"the KV cache refused to drop positions >= {pos}")
+
+    def can_keep(self, n: int) -> bool:
+        """Whether the KV cache can keep its first ``n`` positions and go on from there: a
+        sliding-window cache (Gemma 3) has already dropped positions the next token would
+        attend to once it went on more than a window past ``n``."""
+        if not self.n_swa:
+            return True
+        pos_min = int(llama_cpp.llama_memory_seq_pos_min(self.mem, 0))
+        return pos_min <= max(0, n - self.n_swa)
 
     def clear(self) -> None:
         # Llama's own bookkeeping no longer matches the KV cache after we use it

@@ -1,0 +1,96 @@
+"""The flags ``serve`` and ``chat`` share: the model, its context and threads, what drafts,
+and the memory the drafters keep across requests; and the engine they build."""
+
+from __future__ import annotations
+
+import os
+
+from ._common import UsageError, check_ranges
+from ._drafters import add_drafter_flags, drafter_options
+
+
+def add_engine_flags(p) -> None:
+    p.add_argument("-m", "--model", metavar="MODEL",
+                   help="GGUF model file, or a packaged model: smollm2, gemma (default: smollm2, "
+                        "SmolLM2-135M-Instruct, which has a chat template)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default: 4096)")
+    p.add_argument("-b", "--batch-size", type=int, default=512, metavar="N", help="prompt batch size (default: 512)")
+    p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="threads for single tokens and batches alike (default: usable cores, at most 8)")
+    p.add_argument("--temp", type=float, default=0.0, metavar="T",
+                   help="temperature when a request gives none; 0 = greedy (default: 0)")
+    p.add_argument("--chat-template-file", metavar="FNAME",
+                   help="a Jinja2 chat template to use instead of the one in the model's GGUF")
+    from ..catalog import DEFAULT_DRAFTER
+
+    add_drafter_flags(p, DEFAULT_DRAFTER, "what drafts when a request does not say")
+    g = p.add_argument_group("drafting")
+    g.add_argument("--spec-draft-n-max", "--draft-max", type=int, default=16, metavar="N", dest="n_draft",
+                   help="most tokens drafted per step (default: 16; with adaptive drafting only what pays is "
+                        "verified)")
+    g.add_argument("--no-draft", action="store_true", help="plain decoding unless a request asks for a drafter")
+    g.add_argument("--fixed-draft", action="store_true",
+                   help="always draft up to --spec-draft-n-max tokens (no adaptive draft lengths)")
+    m = p.add_argument_group("memory across requests")
+    m.add_argument("--memory", metavar="FNAME",
+                   help="keep what the drafters learn in this file: loaded at start if it exists, saved "
+                        "atomically every --memory-save-interval minutes and at shutdown")
+    m.add_argument("--memory-save-interval", type=float, default=5.0, metavar="MIN",
+                   help="minutes between saves of --memory (default: 5)")
+    m.add_argument("--memory-tokens", type=int, default=1_000_000, metavar="N",
+                   help="tokens of earlier requests remembered, oldest forgotten first (default: 1000000)")
+    m.add_argument("--no-memory", action="store_true",
+                   help="each request drafts from itself alone (nothing learned across requests)")
+
+
+def build_engine(args, model_default: str = "smollm2"):
+    """The engine the flags describe (loads the model: seconds)."""
+    from .. import llama as nl
+    from ..models import model_path
+    from ..serving import ChatTemplate, Engine, Memory
+
+    check_ranges(args, [("n_draft", 0, "--spec-draft-n-max must be >= 0"), ("ctx_size", 64, "-c must be >= 64"),
+                        ("batch_size", 1, "-b must be >= 1"), ("threads", 1, "-t must be >= 1"),
+                        ("memory_tokens", 1, "--memory-tokens must be >= 1")])
+    if args.n_draft > 256:
+        raise UsageError(f"--spec-draft-n-max must be <= 256, got {args.n_draft}")
+    if not args.temp >= 0:
+        raise UsageError(f"--temp must be >= 0, got {args.temp}")
+    if not args.memory_save_interval > 0:
+        raise UsageError(f"--memory-save-interval must be > 0, got {args.memory_save_interval}")
+    if args.memory and args.no_memory:
+        raise UsageError("--memory and --no-memory contradict each other")
+    options = drafter_options(args)
+    template = None
+    if args.chat_template_file:
+        with open(args.chat_template_file, encoding="utf-8") as f:
+            template = f.read()
+    path = model_path(args.model or model_default)
+    llm = nl.make_llama(path, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads)
+    backend = nl.LlamaBackend.of(llm)
+    memory = None
+    if not args.no_memory:
+        if args.memory and os.path.exists(args.memory):
+            from ..serving import vocab_fingerprint
+
+            memory = Memory.load(args.memory, backend.n_vocab, vocab_fingerprint(backend),
+                                 max_tokens=args.memory_tokens)
+        else:
+            memory = Memory(max_tokens=args.memory_tokens)
+    name = os.path.basename(args.model) if args.model and os.path.isfile(args.model) else (args.model or model_default)
+    chat = ChatTemplate.of(llm, template)
+    try:
+        engine = Engine(llm, model_name=name, drafter=None if args.no_draft else args.drafter,
+                        n_draft=args.n_draft, drafter_options=options, adaptive=not args.fixed_draft,
+                        memory=memory, memory_path=args.memory if memory is not None else None,
+                        save_every=60.0 * args.memory_save_interval, chat_template=chat)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"--drafter {args.drafter}: {e}") from None
+    engine.temperature = args.temp
+    if engine.drafter is not None:  # a bad drafter option fails now, not at the first request
+        try:
+            engine._make_drafter(engine.drafter, max(1, engine.n_draft))
+        except (ValueError, TypeError) as e:
+            engine.close()
+            raise UsageError(f"--drafter {args.drafter}: {e}") from None
+    return engine
