@@ -296,3 +296,118 @@ def test_bad_inputs():
         generate(object(), PROMPT, None, 5)
     with pytest.raises(ValueError, match="n_draft"):
         LookupDrafter(n_draft=-1)
+
+
+# --- the prompt cache: a prompt sharing a prefix with the KV cache decodes only the rest
+
+
+def _kv_checked(m: FakeModel, pc) -> None:
+    # what the PromptCache says the KV cache holds is what it holds
+    assert pc.tokens.tolist() == m.kv
+
+
+@pytest.mark.parametrize("drafted", [False, True])
+def test_prompt_cache_reuses_the_shared_prefix(drafted):
+    from ngramcache import PromptCache
+
+    m = FakeModel(n_batch=8)
+    pc = PromptCache()
+    d = CopyDrafter(n_draft=6) if drafted else None
+    prompt = list(PROMPT)
+    r1 = generate(m, prompt, d, 30, prompt_cache=pc)
+    assert r1.n_cached == 0 and r1.tokens.tolist() == reference(prompt, 30)
+    _kv_checked(m, pc)
+    # the next turn: the whole first exchange plus new tokens
+    turn2 = prompt + r1.tokens.tolist() + [5, 6, 7]
+    before = len(m.decodes)
+    r2 = generate(m, turn2, d, 25, prompt_cache=pc)
+    assert r2.n_cached == len(prompt) + 29  # the last generated token was never decoded
+    assert r2.tokens.tolist() == reference(turn2, 25)
+    # the prompt decode covered only the tokens after the kept prefix
+    assert m.decodes[before] == len(turn2) - r2.n_cached
+    _kv_checked(m, pc)
+
+
+def test_prompt_cache_diverging_prompt_and_same_prompt():
+    from ngramcache import PromptCache
+
+    m = FakeModel(n_batch=8)
+    pc = PromptCache()
+    prompt = list(PROMPT)
+    generate(m, prompt, None, 10, prompt_cache=pc)
+    other = prompt[:5] + [(t + 1) % V for t in prompt[5:]]
+    r = generate(m, other, None, 10, prompt_cache=pc)
+    assert r.n_cached == 5 and r.tokens.tolist() == reference(other, 10)
+    again = generate(m, other, None, 10, prompt_cache=pc)
+    assert again.n_cached == len(other) - 1  # the last prompt token is decoded for its logits
+    assert again.tokens.tolist() == r.tokens.tolist()
+    _kv_checked(m, pc)
+
+
+def test_prompt_cache_after_an_abandoned_stream_and_after_an_error():
+    from ngramcache import PromptCache
+
+    m = FakeModel(n_batch=8)
+    pc = PromptCache()
+    prompt = list(PROMPT)
+    s = iter(stream(m, prompt, CopyDrafter(n_draft=4), 40, prompt_cache=pc))
+    next(s), next(s), next(s)
+    s.close()  # a client went away between steps: the KV cache is still consistent
+    _kv_checked(m, pc)
+    assert len(pc) > len(prompt)
+    r = generate(m, prompt, None, 12, prompt_cache=pc)
+    assert r.n_cached == len(prompt) - 1 and r.tokens.tolist() == reference(prompt, 12)
+
+    class Failing(FakeModel):
+        fail = False
+
+        def decode(self, tokens, pos0, logits_from):
+            if self.fail and len(self.kv) > len(prompt):
+                raise RuntimeError("decode failed")
+            super().decode(tokens, pos0, logits_from)
+
+    f = Failing(n_batch=8)
+    pc = PromptCache()
+    generate(f, prompt, None, 5, prompt_cache=pc)
+    f.fail = True
+    with pytest.raises(RuntimeError):
+        generate(f, prompt + [1, 2], None, 5, prompt_cache=pc)
+    assert len(pc) == 0  # not trusted after an error: the next request decodes everything
+    f.fail = False
+    r = generate(f, prompt + [1, 2], None, 5, prompt_cache=pc)
+    assert r.n_cached == 0 and r.tokens.tolist() == reference(prompt + [1, 2], 5)
+
+
+def test_prompt_cache_only_for_its_backend_and_refused_when_the_backend_cannot_keep():
+    from ngramcache import PromptCache
+
+    a, b = FakeModel(), FakeModel()
+    pc = PromptCache()
+    generate(a, list(PROMPT), None, 5, prompt_cache=pc)
+    assert generate(b, list(PROMPT), None, 5, prompt_cache=pc).n_cached == 0
+
+    class Windowed(FakeModel):
+        def can_keep(self, n):
+            return False
+
+    w = Windowed()
+    pc = PromptCache()
+    generate(w, list(PROMPT), None, 5, prompt_cache=pc)
+    r = generate(w, list(PROMPT), None, 5, prompt_cache=pc)
+    assert r.n_cached == 0 and r.tokens.tolist() == reference(list(PROMPT), 5)
+    with pytest.raises(TypeError, match="PromptCache"):
+        generate(a, list(PROMPT), None, 5, prompt_cache=object())
+
+
+def test_on_tokens_returning_true_stops():
+    m = FakeModel()
+    seen = []
+
+    def on_tokens(tokens, n_from_draft):
+        seen.extend(tokens)
+        return len(seen) >= 7
+
+    r = generate(m, list(PROMPT), CopyDrafter(n_draft=4), 50, on_tokens=on_tokens)
+    assert r.stop_reason == "stop"
+    assert r.tokens.tolist() == seen and len(seen) >= 7
+    assert seen == reference(list(PROMPT), len(seen))

@@ -11,6 +11,7 @@ from .cache import NgramCache
 from .draft import draft
 from .drafters import CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter, PromptLookupDrafter
 from .gate import AdaptiveGate
+from .generation import PromptCache
 from .static_table import StaticTable
 from .stats import ReplayStats, replay
 from .suffix import SuffixDrafter, SuffixStore
@@ -26,5 +27,5 @@ __all__ = [
     "AdaptiveGate", "CacheFormatError", "CopyDrafter", "DraftStats", "Drafter", "LookupDrafter",
     "NgramCache", "OracleDrafter", "ReplayStats", "StaticTable", "__version__", "draft", "replay",
     "PromptLookupDrafter", "SuffixDrafter", "SuffixStore",
-    "NgramMapDrafter", "NgramModDrafter", "NgramSimpleDrafter",
+    "NgramMapDrafter", "NgramModDrafter", "NgramSimpleDrafter", "PromptCache",
 ]
