@@ -355,3 +355,35 @@ def test_errors_from_the_model_server(browser, server):
     assert "exceed the context" in message
     assert _text(fig) == "error: " + message
     assert browser.execute_script("return messages.length") == 0
+
+
+def _counter(base: str, name: str) -> float:
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(f"ngramcache_{name}_total "):
+                return float(line.split()[1])
+    raise AssertionError(f"/metrics has no ngramcache_{name}_total")
+
+
+@pytest.mark.model
+def test_new_conversation_stops_the_answer(browser, server):
+    from selenium.webdriver.common.by import By
+
+    browser.get(server + "/")
+    before = _counter(server, "cancelled")
+    box = browser.find_element(By.ID, "max-tokens")
+    box.clear()
+    box.send_keys("2000")
+    browser.find_element(By.ID, "input").send_keys("Write a long story about a cat who learns to sail.")
+    browser.find_element(By.ID, "send").click()
+    _wait(browser, lambda d: _text(d.find_element(By.CSS_SELECTOR, ".assistant")).strip())
+    browser.find_element(By.ID, "new").click()
+    assert _turns(browser) == [] and browser.execute_script("return messages.length") == 0
+    # the page dropped the stream; the server stops generating for it
+    _wait(browser, lambda d: _counter(server, "cancelled") == before + 1, 60)
+    _wait(browser, lambda d: _health(server)["busy"] is False, 30)
+
+
+def _health(base: str) -> dict:
+    with urllib.request.urlopen(base + "/health", timeout=30) as r:
+        return json.load(r)
