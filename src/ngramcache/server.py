@@ -11,6 +11,7 @@ drafts).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -147,10 +148,21 @@ def metrics_text(engine: Engine) -> bytes:
 # the application
 
 
-def create_app(engine: Engine, aliases: tuple[str, ...] = ()) -> "FastAPI":
+def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool = False) -> "FastAPI":
     """The ASGI application serving ``engine`` (its model answers to
-    ``engine.model_name`` and to each name in ``aliases``)."""
-    app = FastAPI(title="ngramcache", description="OpenAI-compatible server with draft-free speculative decoding")
+    ``engine.model_name`` and to each name in ``aliases``). ``close_engine``: close the
+    engine when the server shuts down (it finishes the running request and saves the
+    memory), as ``serve`` does: uvicorn ends the process by re-raising SIGTERM or SIGINT
+    right after its shutdown, so this is the last place to save."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        if close_engine:
+            await asyncio.to_thread(engine.close)
+
+    app = FastAPI(title="ngramcache", description="OpenAI-compatible server with draft-free speculative decoding",
+                  lifespan=lifespan)
     names = {engine.model_name, *aliases}
     created = int(time.time())
 

@@ -46,7 +46,7 @@ def run(args) -> int:
         raise ImportError("serve needs its extra: pip install 'ngramcache[serve]'") from None
     engine = build_engine(args)
     try:
-        app = create_app(engine, aliases=tuple(args.alias))
+        app = create_app(engine, aliases=tuple(args.alias), close_engine=True)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
