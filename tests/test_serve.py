@@ -173,7 +173,7 @@ def test_streaming_gives_the_same_text_and_marks_drafts(server):
         extra = chunk.model_extra.get("ngramcache") or {}
         if chunk.choices and chunk.choices[0].delta.content:
             pieces.append(chunk.choices[0].delta.content)
-            drafted.append(extra["drafted"])
+            drafted.append(extra["from_draft"])
         if chunk.choices and chunk.choices[0].finish_reason:
             final = chunk
     assert "".join(pieces) == whole.choices[0].message.content

@@ -117,7 +117,7 @@ def _same_origin(driver, base: str) -> list[str]:
 
 def _events(pieces, final=True, error=None) -> bytes:
     out = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}]
-    out += [{"choices": [{"delta": {"content": t}}], "ngramcache": {"drafted": d}} for t, d in pieces]
+    out += [{"choices": [{"delta": {"content": t}}], "ngramcache": {"from_draft": d}} for t, d in pieces]
     if error is not None:
         out.append({"error": {"message": error, "type": "server_error"}})
     elif final:

@@ -321,7 +321,7 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
                 if text is None:
                     return base({"index": 0, "text": "", "finish_reason": None, "logprobs": None})
                 return base({"index": 0, "text": text, "finish_reason": None, "logprobs": None},
-                            {"ngramcache": {"drafted": drafted}})
+                            {"ngramcache": {"from_draft": drafted}})
 
             def final(r: JobResult):
                 return base({"index": 0, "text": "", "finish_reason": _finish(r), "logprobs": None},
@@ -362,7 +362,7 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
                     return base({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None},
                                 object_="chat.completion.chunk")
                 return base({"index": 0, "delta": {"content": text}, "finish_reason": None},
-                            {"ngramcache": {"drafted": drafted}}, object_="chat.completion.chunk")
+                            {"ngramcache": {"from_draft": drafted}}, object_="chat.completion.chunk")
 
             def final(r: JobResult):
                 return base({"index": 0, "delta": {}, "finish_reason": _finish(r)},
