@@ -256,7 +256,8 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
     def _result(job: Job) -> JobResult:
         if job.error is not None:
             if isinstance(job.error, EngineError):
-                raise _ApiError(400, str(job.error))
+                status = 503 if "shutting down" in str(job.error) else 400
+                raise _ApiError(status, str(job.error), "server_error" if status == 503 else "invalid_request_error")
             raise _ApiError(500, f"generation failed: {type(job.error).__name__}: {job.error}", "server_error")
         return job.result
 
