@@ -311,11 +311,7 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
         now = int(time.time())
 
         def base(choice, extra=None) -> dict:
-            out = {"id": rid, "object": "text_completion", "created": now, "model": body.model or engine.model_name,
-                   "choices": [choice]}
-            if extra:
-                out.update(extra)
-            return out
+            return _envelope(rid, "text_completion", now, body.model or engine.model_name, choice, extra)
 
         if body.stream:
             def chunk(text, drafted):
@@ -351,11 +347,7 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
         now = int(time.time())
 
         def base(choice, extra=None, object_="chat.completion") -> dict:
-            out = {"id": rid, "object": object_, "created": now, "model": body.model or engine.model_name,
-                   "choices": [choice]}
-            if extra:
-                out.update(extra)
-            return out
+            return _envelope(rid, object_, now, body.model or engine.model_name, choice, extra)
 
         if body.stream:
             def chunk(text, drafted):
@@ -375,6 +367,14 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
                     {"usage": _usage(r), "ngramcache": r.figures()})
 
     return app
+
+
+def _envelope(rid: str, object_: str, created: int, model: str, choice: dict, extra: dict | None) -> dict:
+    # OpenAI's response and chunk shape, one choice, plus our own fields
+    out = {"id": rid, "object": object_, "created": created, "model": model, "choices": [choice]}
+    if extra:
+        out.update(extra)
+    return out
 
 
 def _finish(r: JobResult) -> str:
