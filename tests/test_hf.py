@@ -1,0 +1,444 @@
+"""ngramcache.hf: drafters inside transformers' generate.
+
+Tiny models built from a config (random weights, seeded) check the mechanics fast: greedy
+identity with every drafter, the target distribution under sampling, EOS, max_new_tokens and
+stopping criteria exactly as plain ``generate``, the incremental feeding of the drafter, bad
+input. The packaged SmolLM2 (and Gemma 3) GGUF, loaded by transformers itself, checks greedy
+identity on real prompts (marked ``model``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import ngramcache as nc  # noqa: E402
+from ngramcache import data, hf  # noqa: E402
+from ngramcache.catalog import DRAFTERS, make_drafter  # noqa: E402
+
+from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList  # noqa: E402
+
+
+def tiny_model(vocab: int = 48, seed: int = 0, sharpen: float = 1.0):
+    """A 2-layer Llama with random weights; ``sharpen`` scales the output layer, making
+    its next-token distributions peaked."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False)
+    m = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        m.lm_head.weight.mul_(sharpen)
+    m.eval()
+    return m
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model(sharpen=8.0)
+
+
+def plain(model, ids, **kw):
+    return model.generate(ids, do_sample=False, **kw)
+
+
+def prompt_ids(vocab: int = 48, n: int = 24, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    base = rng.integers(2, vocab, size=n // 2)
+    return torch.from_numpy(np.concatenate([base, base])[None, :].astype(np.int64))  # a repeat to copy from
+
+
+class Recording(nc.PromptLookupDrafter):
+    """Prompt lookup that records what it was shown."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.calls = []
+
+    def reset(self, prompt_tokens):
+        self.calls.append(("reset", np.asarray(prompt_tokens).tolist()))
+        super().reset(prompt_tokens)
+
+    def accept(self, tokens):
+        self.calls.append(("accept", np.asarray(tokens).tolist()))
+        super().accept(tokens)
+
+
+class Fixed:
+    """Proposes the same tokens at every step (a Drafter)."""
+
+    def __init__(self, tokens):
+        self.tokens = np.asarray(tokens, dtype=np.int32)
+        self.n_draft = len(tokens)
+        self._stats = nc.DraftStats()
+        self._last = self.tokens[:0]
+
+    @property
+    def stats(self):
+        return self._stats
+
+    def reset(self, prompt_tokens):
+        self._last = self.tokens[:0]
+
+    def propose(self, n_max=None):
+        self._last = self.tokens[: self.n_draft if n_max is None else n_max]
+        self._stats.drafted += len(self._last)
+        return self._last
+
+    def accept(self, tokens):
+        for a, b in zip(self._last.tolist(), np.asarray(tokens).tolist()):
+            if a != b:
+                break
+            self._stats.accepted += 1
+        self._last = self.tokens[:0]
+
+
+# --- greedy: identical to plain generate -------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_greedy_identical_every_drafter(tiny, name):
+    ids = prompt_ids()
+    ref = plain(tiny, ids, max_new_tokens=40)
+    d = make_drafter(name, n_draft=8)
+    gen = hf.DrafterCandidateGenerator(d)
+    out = hf.generate(tiny, ids, gen, max_new_tokens=40, do_sample=False)
+    assert torch.equal(out, ref)
+    assert gen.resets == 0 and gen.steps >= 1
+    assert d.stats.accepted <= d.stats.drafted
+
+
+def test_greedy_drafts_are_accepted(tiny):
+    # the oracle's drafts are the model's own greedy tokens: all accepted, fewer steps
+    ids = prompt_ids()
+    ref = plain(tiny, ids, max_new_tokens=40)
+    gen = hf.DrafterCandidateGenerator(nc.OracleDrafter(ref[0, ids.shape[1]:].numpy(), n_draft=8))
+    out = hf.generate(tiny, ids, gen, max_new_tokens=40, do_sample=False)
+    assert torch.equal(out, ref)
+    assert gen.stats.accepted == gen.stats.drafted > 0
+    assert gen.steps <= math.ceil(40 / 9) + 1
+
+
+def test_default_drafter_and_names(tiny):
+    ids = prompt_ids()
+    ref = plain(tiny, ids, max_new_tokens=24)
+    assert torch.equal(hf.generate(tiny, ids, max_new_tokens=24, do_sample=False), ref)
+    assert torch.equal(hf.generate(tiny, ids, "suffix", max_new_tokens=24, do_sample=False), ref)
+    # a 1-D list works too
+    assert torch.equal(hf.generate(tiny, ids[0].tolist(), "pld", max_new_tokens=24, do_sample=False), ref)
+
+
+def test_adaptive_drafter_uses_costs(tiny):
+    costs = hf.verify_costs(tiny, max_batch=5)
+    assert len(costs) == 5 and all(c > 0 for c in costs)
+    assert hf.verify_costs(tiny, max_batch=5) == costs  # kept on the model
+    d = hf.adaptive_drafter(tiny, "copy", n_draft=4)
+    assert isinstance(d, nc.CopyDrafter) and d.gate is not None and d.gate.max_len == 4
+    with pytest.raises(ValueError, match="unknown drafter"):
+        hf.adaptive_drafter(tiny, "nope", costs=[1.0, 1.1])
+
+
+def test_return_dict_and_scores(tiny):
+    ids = prompt_ids()
+    ref = tiny.generate(ids, max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    out = hf.generate(tiny, ids, make_drafter("copy", n_draft=6), max_new_tokens=12, do_sample=False,
+                      return_dict_in_generate=True, output_scores=True)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len(out.scores) == len(ref.scores) == 12
+    for a, b in zip(out.scores, ref.scores):
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_logits_processor_kept(tiny):
+    # a repetition penalty changes the greedy path; drafts must not change it again
+    ids = prompt_ids()
+    ref = plain(tiny, ids, max_new_tokens=30, repetition_penalty=1.5)
+    assert not torch.equal(ref, plain(tiny, ids, max_new_tokens=30))
+    out = hf.generate(tiny, ids, make_drafter("copy", n_draft=8), max_new_tokens=30, do_sample=False,
+                      repetition_penalty=1.5)
+    assert torch.equal(out, ref)
+
+
+# --- EOS, max_new_tokens, stopping criteria -----------------------------------------
+
+
+def test_max_new_tokens_exact(tiny):
+    ids = prompt_ids()
+    full = plain(tiny, ids, max_new_tokens=30)
+    cont = full[0, ids.shape[1]:].numpy()
+    for m in (1, 2, 3, 5, 9, 17):
+        ref = plain(tiny, ids, max_new_tokens=m)
+        for d in (nc.OracleDrafter(cont, n_draft=16), Fixed(cont[:16]), make_drafter("copy", n_draft=16)):
+            out = hf.generate(tiny, ids, d, max_new_tokens=m, do_sample=False)
+            assert out.shape[1] == ids.shape[1] + m
+            assert torch.equal(out, ref)
+
+
+def test_eos_exact(tiny):
+    ids = prompt_ids()
+    full = plain(tiny, ids, max_new_tokens=30)
+    cont = full[0, ids.shape[1]:].tolist()
+    # an EOS the greedy path reaches a few tokens in (its first occurrence)
+    j = next(i for i in range(3, len(cont)) if cont[i] not in cont[:i])
+    eos = cont[j]
+    ref = plain(tiny, ids, max_new_tokens=30, eos_token_id=eos)
+    assert ref.shape[1] == ids.shape[1] + j + 1 and ref[0, -1].item() == eos
+    # the oracle drafts well past the EOS: the draft must end there
+    gen = hf.DrafterCandidateGenerator(nc.OracleDrafter(np.asarray(cont), n_draft=16))
+    out = hf.generate(tiny, ids, gen, max_new_tokens=30, do_sample=False, eos_token_id=eos)
+    assert torch.equal(out, ref)
+    # several EOS ids, as in generation configs that list them
+    ref2 = plain(tiny, ids, max_new_tokens=30, eos_token_id=[1, eos])
+    out2 = hf.generate(tiny, ids, Fixed(cont[:16]), max_new_tokens=30, do_sample=False, eos_token_id=[1, eos])
+    assert torch.equal(out2, ref2)
+
+
+def test_draft_cut_at_eos_and_max_length():
+    gen = hf.DrafterCandidateGenerator(Fixed([5, 6, 7, 8, 9]), eos_token_id=7, max_length=100)
+    ids = torch.tensor([[3, 4]])
+    cand, logits = gen.get_candidates(ids)
+    assert logits is None and cand.tolist() == [[3, 4, 5, 6]]  # the EOS is the model's to produce
+    gen.eos_token_id = None
+    gen.max_length = 5  # 2 tokens + at most 2 drafted + the model's own
+    cand, _ = gen.get_candidates(ids)
+    assert cand.tolist() == [[3, 4, 5, 6]]
+    gen.max_length = 3
+    cand, _ = gen.get_candidates(ids)
+    assert cand.tolist() == [[3, 4]]
+    with pytest.raises(TypeError, match="eos_token_id"):
+        gen.eos_token_id = "x"
+
+
+class EndsWith(StoppingCriteria):
+    def __init__(self, tok):
+        self.tok = tok
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.tok
+
+
+def test_stopping_criteria_exact(tiny):
+    ids = prompt_ids()
+    full = plain(tiny, ids, max_new_tokens=30)
+    cont = full[0, ids.shape[1]:].tolist()
+    j = next(i for i in range(4, len(cont)) if cont[i] not in cont[:i])
+    crit = StoppingCriteriaList([EndsWith(cont[j])])
+    ref = plain(tiny, ids, max_new_tokens=30, stopping_criteria=crit)
+    assert ref.shape[1] == ids.shape[1] + j + 1
+    out = hf.generate(tiny, ids, nc.OracleDrafter(np.asarray(cont), n_draft=16), max_new_tokens=30,
+                      do_sample=False, stopping_criteria=crit)
+    assert torch.equal(out, ref)
+
+
+# --- the drafter is fed incrementally --------------------------------------------------
+
+
+def test_incremental_feeding_and_rewind(tiny):
+    ids = prompt_ids()
+    d = Recording(n_draft=8)
+    gen = hf.DrafterCandidateGenerator(d)
+    out = hf.generate(tiny, ids, gen, max_new_tokens=20, do_sample=False)
+    kinds = [k for k, _ in d.calls]
+    assert kinds[0] == "reset" and kinds.count("reset") == 1
+    seen = [t for _, toks in d.calls for t in toks]
+    assert seen == out[0].tolist()  # every verified token once, the last step's included
+    assert d.tokens.tolist() == out[0].tolist()
+    # a new prompt that does not extend the sequence restarts the drafter
+    ids2 = ids[:, :10]
+    out2 = hf.generate(tiny, ids2, gen, max_new_tokens=8, do_sample=False)
+    assert gen.resets == 1 and d.calls[-1][0] in ("reset", "accept")
+    assert d.tokens.tolist() == out2[0].tolist()
+    assert torch.equal(out2, plain(tiny, ids2, max_new_tokens=8))
+
+
+# --- sampling keeps the model's distribution ------------------------------------------
+
+
+def _pit(model, seq, n_prompt: int, transform, seed: int = 7) -> np.ndarray:
+    """Randomised probability integral transform of each sampled token under the model's
+    exact conditional distribution (one forward pass over the final sequence): iid
+    uniform on [0, 1] exactly when every token was drawn from that distribution."""
+    with torch.no_grad():
+        logits = model(seq).logits[0, n_prompt - 1 : -1].double()
+    probs = transform(logits).softmax(-1).numpy()
+    toks = seq[0, n_prompt:].numpy()
+    cdf_below = np.cumsum(probs, axis=1)[np.arange(toks.size), toks] - probs[np.arange(toks.size), toks]
+    v = np.random.default_rng(seed).random(toks.size)
+    return cdf_below + v * probs[np.arange(toks.size), toks]
+
+
+def _ks_uniform_pvalue(u: np.ndarray) -> float:
+    """Kolmogorov-Smirnov test of u against U(0, 1) (asymptotic distribution)."""
+    u = np.sort(u)
+    n = u.size
+    i = np.arange(1, n + 1)
+    d = max(float(np.max(i / n - u)), float(np.max(u - (i - 1) / n)))
+    lam = (math.sqrt(n) + 0.12 + 0.11 / math.sqrt(n)) * d
+    p = 2 * sum((-1) ** (k - 1) * math.exp(-2 * k * k * lam * lam) for k in range(1, 101))
+    return min(1.0, max(0.0, p))
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, None), (0.7, 4)])
+def test_sampling_keeps_target_distribution(temperature, top_k):
+    # one long sampled generation from a tiny model with peaked distributions (it falls
+    # into loops the copy drafter follows, so long drafts are accepted and rejected):
+    # every token must be a draw from the model's own (processed) distribution
+    model = tiny_model(vocab=12, seed=3, sharpen=6.0)
+    model.generation_config.eos_token_id = None
+    ids = torch.tensor([[0, 2, 3, 4, 5, 2, 3, 4]])
+
+    def transform(logits):
+        x = logits / temperature
+        if top_k:
+            kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+            x = x.masked_fill(x < kth, -float("inf"))
+        return x
+
+    d = make_drafter("copy", n_draft=6)
+    torch.manual_seed(1234)
+    n = 800
+    out = hf.generate(model, ids, d, max_new_tokens=n, do_sample=True, temperature=temperature,
+                      top_k=top_k if top_k else 0, eos_token_id=None)
+    assert out.shape[1] == ids.shape[1] + n
+    assert d.stats.accepted > n // 10 and d.stats.accepted < d.stats.drafted  # both outcomes occur
+    u = _pit(model, out, ids.shape[1], transform)
+    assert _ks_uniform_pvalue(u) > 1e-3
+    # the test has power: tokens that are not draws from the model fail it (the greedy
+    # tokens; a loop of drafted tokens taken without verification)
+    greedy = model.generate(ids, do_sample=False, max_new_tokens=n, eos_token_id=None)
+    assert _ks_uniform_pvalue(_pit(model, greedy, ids.shape[1], transform)) < 1e-4
+    fake = torch.cat([ids, torch.tensor([[2, 3, 4, 5] * (n // 4)])], dim=1)
+    assert _ks_uniform_pvalue(_pit(model, fake, ids.shape[1], transform)) < 1e-4
+
+
+# --- bad input ----------------------------------------------------------------------
+
+
+def test_bad_input(tiny):
+    ids = prompt_ids()
+    with pytest.raises(ValueError, match="batch"):
+        hf.generate(tiny, ids.repeat(2, 1), "pld", max_new_tokens=4)
+    with pytest.raises(ValueError, match="empty"):
+        hf.generate(tiny, torch.zeros((1, 0), dtype=torch.long), "pld", max_new_tokens=4)
+    with pytest.raises(TypeError, match="integer"):
+        hf.generate(tiny, torch.ones((1, 3)), "pld", max_new_tokens=4)
+    with pytest.raises(ValueError, match="shape"):
+        hf.generate(tiny, torch.ones((1, 1, 3), dtype=torch.long), "pld", max_new_tokens=4)
+    with pytest.raises(TypeError, match="Drafter"):
+        hf.generate(tiny, ids, object(), max_new_tokens=4)
+    with pytest.raises(TypeError, match="transformers model"):
+        hf.generate(object(), ids, "pld", max_new_tokens=4)
+    for k in ("custom_generate", "assistant_model", "prompt_lookup_num_tokens"):
+        with pytest.raises(ValueError, match=k):
+            hf.generate(tiny, ids, "pld", max_new_tokens=4, **{k: 3})
+    with pytest.raises(ValueError, match="beam"):
+        hf.generate(tiny, ids, "pld", max_new_tokens=4, num_beams=2)
+    with pytest.raises(ValueError, match="unknown drafter"):
+        hf.generate(tiny, ids, "nope", max_new_tokens=4)
+    with pytest.raises(ValueError, match="n_max"):
+        hf.DrafterCandidateGenerator(nc.PromptLookupDrafter(), n_max=-1)
+    gen = hf.DrafterCandidateGenerator(nc.PromptLookupDrafter())
+    with pytest.raises(ValueError, match="one sequence"):
+        gen.get_candidates(ids.repeat(2, 1))
+    assert "_get_candidate_generator" not in tiny.__dict__  # nothing left on the model
+
+
+def test_missing_extra_is_a_clear_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gguf", None)  # an import of it fails
+    with pytest.raises(ImportError, match=r"gguf.*ngramcache\[hf\]"):
+        hf.load_model("smollm2")
+    monkeypatch.setattr(hf, "_IMPORT_ERROR", ImportError("No module named 'transformers'"))
+    with pytest.raises(ImportError, match=r"ngramcache\[hf\]"):
+        hf.generate(None, [1, 2], "pld")
+    monkeypatch.setattr(hf, "_IMPORT_ERROR", None)
+    monkeypatch.setattr(hf.transformers, "__version__", "4.40.0")
+    with pytest.raises(ImportError, match="transformers >= 4.57"):
+        hf.generate(None, [1, 2], "pld")
+
+
+def test_unknown_model_file(tmp_path):
+    pytest.importorskip("gguf")
+    with pytest.raises(FileNotFoundError):
+        hf.load_model(tmp_path / "none.gguf")
+
+
+# --- real models, loaded by transformers from the packaged GGUF files -----------------
+
+
+def _real_prompts() -> list[str]:
+    return [
+        data.type_hints_task().prompt,
+        data.conversation_task().prompt,
+        data.rag_task(limit=1200).prompt,
+        data.summary_task(limit=1200).prompt,
+        data.open_task().prompt,
+        "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog.",
+    ]
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    try:
+        return hf.load_model("smollm2")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(6))
+def test_smollm2_greedy_identical_every_drafter(smollm2, i):
+    model, tok = smollm2
+    assert isinstance(model, transformers.LlamaForCausalLM) and model.dtype == torch.float32
+    ids = hf.chat_input_ids(tok, _real_prompts()[i])
+    n_new = 24
+    ref = plain(model, ids, max_new_tokens=n_new)
+    drafted = accepted = 0
+    for name in DRAFTERS:
+        d = make_drafter(name, n_draft=10)
+        out = hf.generate(model, ids, d, max_new_tokens=n_new, do_sample=False)
+        assert torch.equal(out, ref), (name, tok.decode(ref[0, ids.shape[1]:]), tok.decode(out[0, ids.shape[1]:]))
+        drafted += d.stats.drafted
+        accepted += d.stats.accepted
+    if i == 5:  # the model answers and stops at its EOS (<|im_end|>) before max_new_tokens
+        assert ref.shape[1] < ids.shape[1] + n_new and ref[0, -1].item() == tok.eos_token_id
+    if i < 2:  # copy-heavy prompts: drafts are proposed and accepted
+        assert accepted > 0
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_smollm2_adaptive_and_sampling(smollm2):
+    model, tok = smollm2
+    ids = hf.chat_input_ids(tok, data.type_hints_task().prompt)
+    ref = plain(model, ids, max_new_tokens=16)
+    d = hf.adaptive_drafter(model, "copy", n_draft=8, costs=[1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4])
+    assert torch.equal(hf.generate(model, ids, d, max_new_tokens=16, do_sample=False), ref)
+    torch.manual_seed(0)
+    out = hf.generate(model, ids, "copy", max_new_tokens=16, do_sample=True, temperature=0.8)
+    assert out.shape[1] <= ids.shape[1] + 16 and torch.equal(out[:, : ids.shape[1]], ids)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_gemma3_greedy_identical():
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    try:
+        model, tok = hf.load_model("gemma")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    assert type(model).__name__ == "Gemma3ForCausalLM"
+    ids = hf.chat_input_ids(tok, data.type_hints_task().prompt)  # a base model: the raw prompt
+    ref = plain(model, ids, max_new_tokens=16)
+    for name in ("copy", "suffix", "pld"):
+        d = make_drafter(name, n_draft=8)
+        assert torch.equal(hf.generate(model, ids, d, max_new_tokens=16, do_sample=False), ref), name
