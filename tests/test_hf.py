@@ -9,6 +9,7 @@ identity on real prompts (marked ``model``)."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -95,6 +96,15 @@ class Fixed:
                 break
             self._stats.accepted += 1
         self._last = self.tokens[:0]
+
+
+def test_transformers_release_under_test():
+    # the oldest-release run of the suite puts that release first on the path: make sure
+    # it is the one imported
+    want = os.environ.get("NGRAMCACHE_EXPECT_TRANSFORMERS")
+    if want:
+        assert transformers.__version__ == want
+    assert hf._version_tuple(transformers.__version__) >= hf.MIN_TRANSFORMERS
 
 
 # --- greedy: identical to plain generate -------------------------------------------
