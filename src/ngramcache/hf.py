@@ -377,11 +377,23 @@ def chat_input_ids(tokenizer, text: str | Sequence[dict]) -> "torch.Tensor":
 # verification costs and the adaptive drafter
 
 
-def calibrate(model, max_batch: int = 17, n_context: int = 256, repeats: int = 3) -> list[float]:
+def _grid(max_batch: int) -> list[int]:
+    """The batch sizes ``calibrate`` times: every size up to 8, then about four per doubling,
+    and ``max_batch`` itself."""
+    ks, k = [], 1
+    while k < max_batch:
+        ks.append(k)
+        k += 1 if k < 8 else max(1, k // 4)
+    return ks + [max_batch]
+
+
+def calibrate(model, max_batch: int = 33, n_context: int = 256, repeats: int = 3) -> list[float]:
     """Seconds for a forward pass of k = 1..``max_batch`` tokens after ``n_context`` tokens
     of context (with logits for the k positions and the choice of a token from each, as
-    verification does). Batch sizes are interleaved and each keeps the fastest of
-    ``repeats`` rounds (load from other processes only ever adds time)."""
+    verification does). Every k up to 8 is timed, then about four per doubling (the curve
+    is smooth there; the rest is interpolated). Batch sizes are interleaved, each keeps the
+    fastest of ``repeats`` rounds (load from other processes only ever adds time), and the
+    curve is made non-decreasing (a longer batch never costs less)."""
     _need_hf()
     max_batch = check_int("max_batch", max_batch, 1)
     n_context = check_int("n_context", n_context, 1)
@@ -395,12 +407,13 @@ def calibrate(model, max_batch: int = 17, n_context: int = 256, repeats: int = 3
     kw = {}
     params = inspect.signature(model.forward).parameters
     cache_kw = "past_key_values" if "past_key_values" in params else "cache"
-    best = [float("inf")] * max_batch
+    grid = _grid(max_batch)
+    best = {k: float("inf") for k in grid}
     with torch.no_grad():
         cache = DynamicCache()
         model(input_ids=ctx[:, :n_context], use_cache=True, **{cache_kw: cache})
         for r in range(repeats + 1):  # round 0 warms up
-            for k in range(1, max_batch + 1):
+            for k in grid:
                 t = time.perf_counter()
                 pos = torch.arange(n_context, n_context + k, device=model.device).unsqueeze(0)
                 if "logits_to_keep" in params:
@@ -411,11 +424,12 @@ def calibrate(model, max_batch: int = 17, n_context: int = 256, repeats: int = 3
                 dt = time.perf_counter() - t
                 cache.crop(-k)  # back to the context (a negative count removes tokens)
                 if r:
-                    best[k - 1] = min(best[k - 1], dt)
-    return best
+                    best[k] = min(best[k], dt)
+    curve = np.interp(np.arange(1, max_batch + 1), grid, [best[k] for k in grid])
+    return [float(x) for x in np.maximum.accumulate(curve)]
 
 
-def verify_costs(model, max_batch: int = 17, refresh: bool = False) -> list[float]:
+def verify_costs(model, max_batch: int = 33, refresh: bool = False) -> list[float]:
     """``calibrate(model, max_batch)``, measured once per model object (kept on it)."""
     max_batch = check_int("max_batch", max_batch, 1)
     have = getattr(model, "_ngramcache_costs", None)
@@ -429,7 +443,7 @@ def verify_costs(model, max_batch: int = 17, refresh: bool = False) -> list[floa
     return costs
 
 
-def adaptive_drafter(model, drafter: str | None = None, n_draft: int = 16, costs: Sequence[float] | None = None,
+def adaptive_drafter(model, drafter: str | None = None, n_draft: int = 32, costs: Sequence[float] | None = None,
                      **options) -> Drafter:
     """The drafter called ``drafter`` (``ngramcache.catalog``; None: its default) with an
     ``AdaptiveGate`` on this model's verification costs (``verify_costs``, or ``costs``:
