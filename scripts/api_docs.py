@@ -23,6 +23,7 @@ MODULES = [
     ("ngramcache", "Caches, drafting, replay and the drafters."),
     ("ngramcache.generation", "The speculative loop over any model backend."),
     ("ngramcache.llama", "llama-cpp-python as the verifier (extra `llama`)."),
+    ("ngramcache.hf", "Hugging Face transformers as the verifier (extra `hf`; see docs/hf.md)."),
     ("ngramcache.serving", "Serving requests in turn: the engine, memory across requests, chat templates."),
     ("ngramcache.server", "The OpenAI-compatible HTTP application (extra `serve`; see docs/serve.md)."),
     ("ngramcache.tokenizers", "Tokenizers, and text to tokens as llama.cpp's tools do it."),
