@@ -19,6 +19,8 @@ Variants, all greedy, in one process, order rotating between rounds, median of t
   ngc-fixed10   CopyDrafter, always up to 10 tokens (transformers' prompt lookup's budget)
   suffix, lookup, pld, simple, map-k, mod
                 the other drafters of ngramcache.catalog with the adaptive draft length
+  oracle        proposes the true continuation (plain's output) with the draft length that
+                maximises (k+1)/cost(k+1), k <= 32: the ceiling with the same verification costs
 
 Per variant: tokens/s end to end (prompt included, as generate returns) and for the generated
 tokens alone (the plain prompt pass subtracted), tokens per forward pass, drafted and accepted
@@ -44,9 +46,8 @@ from transformers.generation import candidate_generator as hf_cg  # noqa: E402
 
 import ngramcache as nc  # noqa: E402
 from ngramcache import data, hf  # noqa: E402
-from ngramcache.catalog import make_drafter  # noqa: E402
 
-VARIANTS = ("plain", "hf-pld-10", "ngc", "ngc-fixed10", "suffix", "lookup", "pld", "simple", "map-k", "mod")
+VARIANTS = ("plain", "hf-pld-10", "ngc", "ngc-fixed10", "suffix", "lookup", "pld", "simple", "map-k", "mod", "oracle")
 # the llama.cpp drafters with their parameters sized for short generations, as in bench_e2e.py
 OPTIONS = {
     "simple": {"size_n": 3, "size_m": 16},
@@ -98,7 +99,12 @@ instrument(hf_cg.PromptLookupCandidateGenerator)
 instrument(hf.DrafterCandidateGenerator)
 
 
-def run_variant(model, name: str, ids, n_tokens: int, costs, counter) -> tuple[torch.Tensor, float, dict]:
+def oracle_draft_len(costs, n_max: int) -> int:
+    ks = range(1, min(n_max, len(costs) - 1) + 1)
+    return max(ks, key=lambda k: (k + 1) / costs[k])
+
+
+def run_variant(model, name: str, ids, n_tokens: int, costs, counter, truth=None) -> tuple[torch.Tensor, float, dict]:
     kw = {"max_new_tokens": n_tokens, "do_sample": False}
     REC.reset()
     counter[0] = 0
@@ -110,10 +116,12 @@ def run_variant(model, name: str, ids, n_tokens: int, costs, counter) -> tuple[t
     else:
         if name == "ngc":
             d = hf.adaptive_drafter(model, None, n_draft=N_DRAFT, costs=costs)
+        elif name == "oracle":
+            d = nc.OracleDrafter(truth, n_draft=oracle_draft_len(costs, N_DRAFT))
         elif name == "ngc-fixed10":
             d = nc.CopyDrafter(n_draft=10)
         else:
-            d = make_drafter(name, n_draft=N_DRAFT, gate=nc.AdaptiveGate(costs), **OPTIONS.get(name, {}))
+            d = hf.adaptive_drafter(model, name, n_draft=N_DRAFT, costs=costs, **OPTIONS.get(name, {}))
         out = hf.generate(model, ids, d, **kw)
     dt = time.perf_counter() - t
     n_new = out.shape[1] - ids.shape[1]
@@ -148,12 +156,13 @@ def run_model(name: str, tasks, n_tokens: int, repeats: int, variants, log) -> d
         ids = tok(task.prompt, return_tensors="pt")["input_ids"]
         n_prompt = ids.shape[1]
         ref, _, _ = run_variant(model, "plain", ids, n_tokens, costs, counter)  # warm-up and the truth
+        truth = ref[0, n_prompt:].numpy()
         pre = prefill_seconds(model, ids)
         rows = {v: [] for v in variants}
         for r in range(repeats):
             order = list(variants[r % len(variants):]) + list(variants[: r % len(variants)])
             for v in order:
-                out, dt, figs = run_variant(model, v, ids, n_tokens, costs, counter)
+                out, dt, figs = run_variant(model, v, ids, n_tokens, costs, counter, truth)
                 same = out.shape == ref.shape and bool(torch.equal(out, ref))
                 if not same:
                     n = min(out.shape[1], ref.shape[1])

@@ -41,6 +41,26 @@ def test_gate_learns_and_draft_length_follows_acceptance():
     assert g.choose(s, 8) == 0
 
 
+def test_gate_carry_forward_extends_drafts_that_have_been_right():
+    costs = [1.0] + [1.2 + 0.02 * k for k in range(1, 33)]  # long batches cost little more
+    plain, carry = AdaptiveGate(costs), AdaptiveGate(costs, carry_forward=True)
+    for g in (plain, carry):
+        s = g.state(8, 1, source=1)
+        for _ in range(6):
+            g.observe(s, 4, 4)  # proposals of 4 tokens, always right
+    s = plain.state(8, 1, source=1)
+    assert carry.choose(s, 32) > 16  # positions 5.. take position 4's estimate
+    assert plain.choose(s, 32) < 12  # positions 5.. keep the prior (1/3)
+    # where nothing has been reached both start from the prior
+    fresh = AdaptiveGate(costs, carry_forward=True)
+    np.testing.assert_allclose(fresh.probabilities(s, 4), AdaptiveGate(costs).probabilities(s, 4))
+    # a position that turns out wrong holds the drafts back again
+    before = carry.choose(s, 32)
+    for _ in range(20):
+        carry.observe(s, 2, 3)
+    assert carry.probabilities(s, 3)[2] < 0.3 and carry.choose(s, 32) < before
+
+
 def test_gate_states_are_separate_but_pooled():
     g = AdaptiveGate([1.0, 1.4, 1.8], shrink=4.0)
     a, b = g.state(8, 1), g.state(1, 0)

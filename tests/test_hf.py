@@ -145,11 +145,25 @@ def test_default_drafter_and_names(tiny):
 def test_adaptive_drafter_uses_costs(tiny):
     costs = hf.verify_costs(tiny, max_batch=5)
     assert len(costs) == 5 and all(c > 0 for c in costs)
+    assert costs == sorted(costs)  # a longer batch never costs less
     assert hf.verify_costs(tiny, max_batch=5) == costs  # kept on the model
     d = hf.adaptive_drafter(tiny, "copy", n_draft=4)
     assert isinstance(d, nc.CopyDrafter) and d.gate is not None and d.gate.max_len == 4
     with pytest.raises(ValueError, match="unknown drafter"):
         hf.adaptive_drafter(tiny, "nope", costs=[1.0, 1.1])
+
+
+def test_calibration_grid():
+    assert hf._grid(1) == [1]
+    assert hf._grid(5) == [1, 2, 3, 4, 5]
+    g = hf._grid(33)
+    assert g[:8] == list(range(1, 9)) and g[-1] == 33 and g == sorted(set(g)) and len(g) < 20
+
+
+def test_non_decreasing_costs():
+    assert hf._non_decreasing([1, 2, 3]) == [1, 2, 3]
+    assert hf._non_decreasing([1, 3, 2, 4]) == [1, 2.5, 2.5, 4]  # one slow timing is averaged away
+    assert hf._non_decreasing([1, 5, 2, 2, 2, 6]) == [1, 2.75, 2.75, 2.75, 2.75, 6]
 
 
 def test_return_dict_and_scores(tiny):

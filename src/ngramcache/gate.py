@@ -45,6 +45,9 @@ class AdaptiveGate:
     estimate pooled over states, and decay so that the gate follows changes within a
     generation. Every proposal is scored against the tokens that really followed,
     including the proposals the gate declined, so skipping does not stop learning.
+    ``carry_forward=True``: a position no proposal has reached yet is estimated from the
+    furthest position reached, not from the prior, so draft lengths grow at once where
+    long drafts have been right (for verifiers whose long batches are cheap).
     """
 
     #: proposal lengths (or match lengths) are bucketed: 1, 2-3, 4-7, 8+
@@ -54,7 +57,7 @@ class AdaptiveGate:
     N_SOURCES = 3
 
     def __init__(self, costs: Sequence[float], decay: float = 0.97, prior: tuple[float, float] = (1.0, 2.0),
-                 shrink: float = 4.0, overhead: float = 0.0, min_gain: float = 0.05):
+                 shrink: float = 4.0, overhead: float = 0.0, min_gain: float = 0.05, carry_forward: bool = False):
         self.costs = check_costs(costs)
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
@@ -73,6 +76,11 @@ class AdaptiveGate:
         self.prior = (float(prior[0]), float(prior[1]))
         self.shrink = float(shrink)
         self.overhead = float(overhead)  # cost of one proposal, in units of a 1-token verify
+        # positions no proposal has reached yet take the estimate of the furthest one that
+        # has been reached, not the prior: a copy that has been right for 12 tokens tends to
+        # stay right, and where verifying long batches costs little more than short ones
+        # (a float32 model on a CPU) the prior would hold drafts back for many steps
+        self.carry_forward = bool(carry_forward)
         self.max_len = self.costs.size - 1
         n_states = len(self._LEN_BUCKETS) * 3 * self.N_SOURCES
         # hits/trials per (state, position), position j = drafted token j+1. Plain lists:
@@ -102,7 +110,14 @@ class AdaptiveGate:
         w = self.shrink
         h, t = self._hits[state], self._trials[state]
         ph, pt = self._pool_hits, self._pool_trials
-        return [(h[j] + w * (ph[j] + a) / (pt[j] + a + b)) / (t[j] + w) for j in range(n)]
+        if not self.carry_forward:
+            return [(h[j] + w * (ph[j] + a) / (pt[j] + a + b)) / (t[j] + w) for j in range(n)]
+        out, est = [], a / (a + b)
+        for j in range(n):
+            if pt[j] >= 1.0 or t[j] >= 1.0:  # reached by proposals (the counts decay)
+                est = (h[j] + w * (ph[j] + a) / (pt[j] + a + b)) / (t[j] + w)
+            out.append(est)
+        return out
 
     def choose(self, state: int, available: int) -> int:
         """How many of ``available`` drafted tokens to verify (0 = do not draft)."""

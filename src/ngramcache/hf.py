@@ -50,7 +50,7 @@ except ImportError as e:  # the module imports without the extra; using it needs
 
 
 __all__ = ["DrafterCandidateGenerator", "generate", "load_model", "chat_input_ids", "calibrate",
-           "verify_costs", "adaptive_drafter", "MIN_TRANSFORMERS"]
+           "verify_costs", "adaptive_drafter", "GATE_OPTIONS", "MIN_TRANSFORMERS"]
 
 #: the oldest transformers release this module supports (the first whose assisted
 #: generation builds its candidate generator inside the decoding loop)
@@ -393,7 +393,7 @@ def calibrate(model, max_batch: int = 33, n_context: int = 256, repeats: int = 3
     verification does). Every k up to 8 is timed, then about four per doubling (the curve
     is smooth there; the rest is interpolated). Batch sizes are interleaved, each keeps the
     fastest of ``repeats`` rounds (load from other processes only ever adds time), and the
-    curve is made non-decreasing (a longer batch never costs less)."""
+    curve is the closest non-decreasing one (a longer batch never costs less)."""
     _need_hf()
     max_batch = check_int("max_batch", max_batch, 1)
     n_context = check_int("n_context", n_context, 1)
@@ -425,8 +425,22 @@ def calibrate(model, max_batch: int = 33, n_context: int = 256, repeats: int = 3
                 cache.crop(-k)  # back to the context (a negative count removes tokens)
                 if r:
                     best[k] = min(best[k], dt)
-    curve = np.interp(np.arange(1, max_batch + 1), grid, [best[k] for k in grid])
-    return [float(x) for x in np.maximum.accumulate(curve)]
+    curve = np.interp(np.arange(1, max_batch + 1), grid, _non_decreasing([best[k] for k in grid]))
+    return [float(x) for x in curve]
+
+
+def _non_decreasing(y: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``y`` in least squares (pool adjacent
+    violators): one slow timing flattens its neighbourhood instead of lifting every
+    longer batch."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in y:
+        blocks.append([float(v), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, n2 = blocks.pop()
+            m1, n1 = blocks[-1]
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return [m for m, n in blocks for _ in range(int(n))]
 
 
 def verify_costs(model, max_batch: int = 33, refresh: bool = False) -> list[float]:
@@ -443,11 +457,18 @@ def verify_costs(model, max_batch: int = 33, refresh: bool = False) -> list[floa
     return costs
 
 
+#: the gate's settings for transformers on a CPU: verifying 33 tokens costs about 3x one, so a
+#: wrong guess is cheap and a slow start is dear (a uniform prior, little pooling, positions
+#: not reached yet take the furthest reached one's estimate); measured with bench/bench_hf.py
+GATE_OPTIONS = {"prior": (1.0, 1.0), "shrink": 1.0, "carry_forward": True}
+
+
 def adaptive_drafter(model, drafter: str | None = None, n_draft: int = 32, costs: Sequence[float] | None = None,
                      **options) -> Drafter:
     """The drafter called ``drafter`` (``ngramcache.catalog``; None: its default) with an
     ``AdaptiveGate`` on this model's verification costs (``verify_costs``, or ``costs``:
-    seconds per batch of 1..n_draft+1 tokens), proposing up to ``n_draft`` tokens.
+    seconds per batch of 1..n_draft+1 tokens) and ``GATE_OPTIONS``, proposing up to
+    ``n_draft`` tokens.
     ``options``: the drafter's own keywords."""
     from .catalog import DEFAULT_DRAFTER, make_drafter
 
@@ -455,4 +476,4 @@ def adaptive_drafter(model, drafter: str | None = None, n_draft: int = 32, costs
     name = DEFAULT_DRAFTER if drafter is None else drafter
     if costs is None:
         costs = verify_costs(model, max_batch=n_draft + 1) if n_draft > 0 else [1.0]
-    return make_drafter(name, n_draft=n_draft, gate=AdaptiveGate(costs), **options)
+    return make_drafter(name, n_draft=n_draft, gate=AdaptiveGate(costs, **GATE_OPTIONS), **options)
