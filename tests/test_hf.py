@@ -166,6 +166,30 @@ def test_non_decreasing_costs():
     assert hf._non_decreasing([1, 5, 2, 2, 2, 6]) == [1, 2.75, 2.75, 2.75, 2.75, 6]
 
 
+class Collect:
+    """A streamer (transformers' BaseStreamer interface) that keeps what it is given."""
+
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        self.puts.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended += 1
+
+
+def test_streamer_gets_every_token_once(tiny):
+    ids = prompt_ids()
+    ref_stream, ours = Collect(), Collect()
+    ref = plain(tiny, ids, max_new_tokens=30, streamer=ref_stream)
+    out = hf.generate(tiny, ids, "copy", max_new_tokens=30, do_sample=False, streamer=ours)
+    assert torch.equal(out, ref)
+    # the prompt first, then the new tokens in order, each once, then end()
+    assert ours.puts[0] == ids[0].tolist() and ours.ended == 1
+    assert sum(ours.puts[1:], []) == sum(ref_stream.puts[1:], []) == ref[0, ids.shape[1]:].tolist()
+
+
 def test_return_dict_and_scores(tiny):
     ids = prompt_ids()
     ref = tiny.generate(ids, max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_scores=True)
