@@ -153,10 +153,11 @@ ReplayProgress progress_callback(const py::object& progress) {
 // The replay runs without the GIL; the progress callback takes it back to call Python
 // and to let Ctrl-C stop the replay.
 ReplayResult replay_py(const Tokens& tokens, size_t n_ctx, size_t n_draft, const py::object& static_obj,
-                       SharedCache* dynamic, bool update_dynamic, const py::object& progress) {
+                       SharedCache* dynamic, bool update_dynamic, const py::object& progress, bool llama_oob) {
     ReplayOptions opt;
     opt.n_ctx = n_ctx;
     opt.n_draft = n_draft;
+    opt.llama_oob = llama_oob;
     const StaticSource st = static_source(static_obj);
     const ReplayProgress cb = progress_callback(progress);
     try {
@@ -359,7 +360,7 @@ void register_replay(py::module_& m) {
     fixed("accepted_by_ngram", &ReplayResult::accepted_by_ngram);
 
     m.def("replay", &replay_py, "tokens"_a, "n_ctx"_a, "n_draft"_a, "static"_a.none(true), "dynamic"_a.none(true),
-          "update_dynamic"_a, "progress"_a.none(true));
+          "update_dynamic"_a, "progress"_a.none(true), "llama_oob"_a = true);
 }
 
 // ---------------------------------------------------------------------------------

@@ -4,23 +4,26 @@ The oracle the property tests compare ngramcache against. Written for clarity, n
 speed: plain dicts, one observation at a time, every rule spelled out where it is used.
 
 A cache is ``dict[tuple[int, ...], dict[int, int]]``: n-gram (1-4 token ids) ->
-{next token: count}. Python dicts keep insertion order, which is all the order this
-model needs: keys in the order they were first inserted, and each part's tokens in
-first-seen order.
+{next token: count}. Python dicts keep insertion order, and llama.cpp's order is a
+function of it: its unordered_maps visit a part's tokens, and a saved file lists keys and
+pairs, in the order reference_libstdcxx.py works out from the insertion sequence. Ties
+(the first best score in that order wins, llama.cpp's strict '>'), merges (tokens of a
+part added in that order) and to_bytes follow it.
 
 Where the project deliberately differs from llama.cpp (design.md §3) the model follows
 the project:
 - arithmetic is exact (Python ints), llama.cpp uses int32 products;
-- an n-gram longer than the sequence is "not found" (llama.cpp reads out of bounds);
-- among candidates with an equal score the one first seen latest (inserted last into the
-  part) wins; llama.cpp leaves that to libstdc++'s iteration order, which gives the same
-  answer for the usual two-candidate tie;
-- loading a file keeps each record's pairs in file order as their first-seen order.
+- an n-gram longer than the sequence is "not found" unless ``llama_oob`` asks for what
+  llama.cpp reads there (it reads out of bounds);
+- the model's caches are never cleared (llama.cpp's clear() keeps the bucket count,
+  which the core tracks; it changes no draft, only the record order of a later save).
 """
 
 from __future__ import annotations
 
 import struct
+
+from reference_libstdcxx import iterate, key_order
 
 NGRAM_MAX = 4  # LLAMA_NGRAM_MAX: slots in a key
 NGRAM_STATIC = 2  # LLAMA_NGRAM_STATIC
@@ -55,12 +58,12 @@ def update(cache: Cache, tokens, ngram_min: int = 1, ngram_max: int = 4, nnew: i
 # --- §1.3 draft --------------------------------------------------------------------
 
 def _pick(part: dict, score) -> tuple[int, int]:
-    """(token, count) with the highest score; on equal scores the token first seen
-    latest, i.e. the one furthest along the part's first-seen order."""
+    """(token, count) with the highest score: the first of them in llama.cpp's iteration
+    order of the part (strict '>')."""
     best_tok, best_cnt, best_score = None, 0, None
-    for tok, cnt in part.items():
+    for tok, cnt in iterate(part):
         s = score(tok, cnt)
-        if best_score is None or s >= best_score:  # '>=': a later equal score wins
+        if best_score is None or s > best_score:
             best_tok, best_cnt, best_score = tok, cnt, s
     return best_tok, best_cnt
 
@@ -102,14 +105,21 @@ def _try_static(static: Cache, key: tuple):
     return tok
 
 
+# What llama.cpp reads before the start of a 2- or 3-token sequence (glibc's heap header
+# of its draft vector, see docs/parity.md): the tokens that precede the sequence then.
+LLAMA_OOB_BEFORE = {2: (0, 33), 3: (0,)}
+
+
 def draft(tokens, n_draft: int, context: Cache, dynamic: Cache | None = None, static: Cache | None = None,
-          ngram_min: int = 1, ngram_max: int = 4) -> list[int]:
+          ngram_min: int = 1, ngram_max: int = 4, llama_oob: bool = False) -> list[int]:
     """common_ngram_cache_draft with draft = [tokens[-1]]: the drafted continuation."""
     dynamic = {} if dynamic is None else dynamic
     static = {} if static is None else static
     seq = [int(t) for t in tokens]
     if len(seq) < NGRAM_STATIC:
         return []
+    if llama_oob and len(seq) in LLAMA_OOB_BEFORE:
+        seq = list(LLAMA_OOB_BEFORE[len(seq)]) + seq
     out: list[int] = []
     while len(out) < n_draft:
         key_static = tuple(seq[-NGRAM_STATIC:])
@@ -130,10 +140,18 @@ def draft(tokens, n_draft: int, context: Cache, dynamic: Cache | None = None, st
 # --- §1.6 merge --------------------------------------------------------------------
 
 def merge(target: Cache, add: Cache) -> None:
-    """common_ngram_cache_merge: counts summed; new keys and tokens appended in add's order."""
-    for key, part in list(add.items()):  # list(): merging a cache into itself doubles it
-        dst = target.setdefault(key, {})
-        for tok, cnt in list(part.items()):
+    """common_ngram_cache_merge: counts summed, add's keys walked in the order llama.cpp's
+    outer map of add (built fresh, in add's insertion order) visits them. A key new to the
+    target gets a copy of add's part (its order kept); an existing one receives add's
+    tokens in the order llama.cpp's map of add's part visits them."""
+    keys = list(add)  # a list: merging a cache into itself doubles it
+    for key in [keys[i] for i in key_order(keys)]:  # the order llama.cpp's map of add has
+        part = add[key]
+        if key not in target:
+            target[key] = dict(part)
+            continue
+        dst = target[key]
+        for tok, cnt in iterate(part):
             dst[tok] = dst.get(tok, 0) + cnt
 
 
@@ -144,12 +162,16 @@ def padded(key: tuple) -> tuple:
 
 
 def to_bytes(cache: Cache) -> bytes:
-    """lookup.bin image: records in key insertion order, pairs in first-seen order."""
+    """lookup.bin image as common_ngram_cache_save writes it: records in the outer map's
+    iteration order, pairs in each part's."""
     out = bytearray()
-    for key, part in cache.items():
+    keys = [k for k, p in cache.items() if p]
+    for i in key_order(keys):
+        key = keys[i]
+        part = cache[key]
         out += struct.pack("<4i", *padded(key))
         out += struct.pack("<i", len(part))
-        for tok, cnt in part.items():
+        for tok, cnt in iterate(part):
             out += struct.pack("<2i", tok, cnt)
     return bytes(out)
 

@@ -10,7 +10,6 @@ rest) and never crashes, even when it is used unverified.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import struct
 import sys
@@ -22,7 +21,9 @@ import numpy as np
 import pytest
 
 import ngramcache as nc
+from conftest import drafts_sha256, full_rows_sha256, read_drafts
 from ngramcache import CacheFormatError, StaticTable
+from reference_libstdcxx import part_order
 
 N_DRAFT = 8
 
@@ -42,9 +43,22 @@ def canonical(keys, offsets, toks, cnts, best_token, best_count, sums):
             best_token[order], best_count[order], sums[order])
 
 
-def cache_canonical(cache: nc.NgramCache, n: int):
-    """canonical() of the keys of size n of a cache, with the best token by the tie rule
-    (among the highest counts, the entry first seen latest), computed with numpy."""
+def llama_best(tokens, counts, direct: bool) -> int:
+    """The token llama.cpp's try_static picks from a part: the first highest count in its
+    map's iteration order. ``direct``: the map was built by inserting the tokens in this
+    order (a loaded file's record, or a cache used as it is); otherwise the part reaches
+    llama.cpp through the lookup.bin saved from it (its order goes through save and load)."""
+    order = part_order(tokens)
+    if not direct:
+        saved = order
+        order = [saved[i] for i in part_order([tokens[j] for j in saved])]
+    mx = max(counts)
+    return next(tokens[i] for i in order if counts[i] == mx)
+
+
+def cache_canonical(cache: nc.NgramCache, n: int, direct: bool = False):
+    """canonical() of the keys of size n of a cache, with the best token as llama.cpp
+    picks it (llama_best), computed with numpy where no tie needs the order."""
     keys, offsets, toks, cnts = cache.arrays()
     sizes = (keys >= 0).sum(axis=1)
     sel = np.flatnonzero(sizes == n)
@@ -55,19 +69,23 @@ def cache_canonical(cache: nc.NgramCache, n: int):
     seg = np.repeat(np.arange(sel.size), lens)
     if sel.size:
         mx = np.maximum.reduceat(c, starts)
+        at_max = np.add.reduceat((c == mx[seg]).astype(np.int64), starts)
         last = np.maximum.reduceat(np.where(c == mx[seg], np.arange(c.size), -1), starts)
         best_t, best_c, sums = t[last], c[last], np.add.reduceat(c, starts)
+        for k in np.flatnonzero(at_max > 1):
+            a, b = starts[k], starts[k] + lens[k]
+            best_t[k] = llama_best(t[a:b].tolist(), c[a:b].tolist(), direct)
     else:
         best_t = best_c = sums = np.zeros(0, np.int64)
     new_offsets = np.concatenate(([0], np.cumsum(lens)))
     return canonical(keys[sel][:, :n], new_offsets, t, c, best_t, best_c, sums)
 
 
-def assert_same_as_cache(table: StaticTable, cache: nc.NgramCache, n: int) -> None:
-    """Key by key: the same counts, and best token / count / sum by the tie rule."""
+def assert_same_as_cache(table: StaticTable, cache: nc.NgramCache, n: int, direct: bool = False) -> None:
+    """Key by key: the same counts, and best token / count / sum as llama.cpp has them."""
     a = table.arrays()
     got = canonical(*(a[k] for k in ("keys", "offsets", "tokens", "counts", "best_token", "best_count", "sum")))
-    want = cache_canonical(cache, n)
+    want = cache_canonical(cache, n, direct)
     names = ("keys", "entries per key", "tokens", "counts", "best token", "best count", "sum")
     for name, g, w in zip(names, got, want):
         assert g.shape == w.shape and np.array_equal(g, w), name
@@ -118,11 +136,6 @@ def first_difference(got: list, want: list) -> str | None:
         p = bad[0]
         return f"{len(bad)} of {len(want)} drafts differ; first at pos {p + 1}: {got[p]} vs {want[p]}"
     return None
-
-
-def read_drafts(path) -> list[list[int]]:
-    with open(path) as f:
-        return [json.loads(line)["draft"] for line in f]
 
 
 @pytest.fixture(scope="module")
@@ -190,17 +203,21 @@ def test_build_of_a_long_stream_matches_ngramcache():
     table.verify()
 
 
-def test_tie_rule_is_latest_first_occurrence():
-    # after (1, 2): 5 6 6 5. Counts tie 2:2; 6's first occurrence is later, so 6 wins,
-    # even though 5 was seen last.
+def test_tie_rule_is_llama_cpp_s_through_a_file():
+    # after (1, 2): 5 6 6 5. Counts tie 2:2. llama.cpp's in-memory map visits the newer
+    # token 6 first; llama-lookup-create's file lists 6 then 5, and the map loaded from it
+    # visits 5 first. A built table is that file, so 5 is its best token.
     toks = [1, 2, 5, 1, 2, 6, 1, 2, 6, 1, 2, 5]
     t = StaticTable.build(toks)
     assert t.get([1, 2]) == {5: 2, 6: 2}
-    assert t.best([1, 2]) == (6, 2, 4)
+    assert t.best([1, 2]) == (5, 2, 4)
     cache = nc.NgramCache()
     cache.update(toks, 2, 2)
+    assert llama_records(cache.to_bytes())[(1, 2)] == [(6, 2), (5, 2)]
     ctx = nc.NgramCache()
-    assert nc.draft([1, 2], 1, ctx, static=t).tolist() == nc.draft([1, 2], 1, ctx, static=cache).tolist() == [6]
+    from_file = nc.NgramCache.from_bytes(cache.to_bytes())
+    assert nc.draft([1, 2], 1, ctx, static=t).tolist() == nc.draft([1, 2], 1, ctx, static=from_file).tolist() == [5]
+    assert nc.draft([1, 2], 1, ctx, static=cache).tolist() == [6]
 
 
 def test_small_and_empty_inputs():
@@ -219,21 +236,25 @@ def test_same_counts_give_the_same_bytes(small_static, tmp_path):
     a = StaticTable.build(small_static)
     cache = nc.NgramCache()
     cache.update(small_static, 2, 2)
-    b = StaticTable.from_cache(cache)
+    # build() decides ties as llama.cpp does with the lookup.bin of the same counts, so the
+    # cache goes through that file first.
+    b = StaticTable.from_cache(nc.NgramCache.from_bytes(cache.to_bytes()))
     # The source byte (10) and with it the header check differ; all sections are equal.
     assert a.to_bytes()[64:] == b.to_bytes()[64:]
     assert (a.info()["source"], b.info()["source"]) == ("tokens", "NgramCache")
 
 
 def test_pinned_file_image():
-    """The hash, checksum and layout are part of the format: this image must not change."""
+    """The hash, checksum, layout and best-token rule are part of the format: this image
+    must not change (key (2, 3) ties 1:1; its best token is 1, as llama.cpp's loader of the
+    lookup.bin of these tokens picks)."""
     t = StaticTable.build([1, 2, 3, 1, 2, 4, 1, 2, 3, 7, 7, 7, 7])
     img = t.to_bytes()
     assert len(img) == t.nbytes == t.info()["file_size"]
     assert hashlib.sha256(img).hexdigest() == PINNED_SHA256, img.hex()
 
 
-PINNED_SHA256 = "03d129b09fcb86b5da94cedb2269a269b3514553722aca21747c59d81bad3726"
+PINNED_SHA256 = "73e44a30302881f51dc5b6168335dc5c159666943eb42cbd91a0670838e982ea"
 
 
 def test_build_rejects_bad_input():
@@ -330,8 +351,8 @@ def test_import_llama_static_cache_equals_ngramcache_load(vectors_dir):
     cache = nc.NgramCache.load(path)
     assert (len(table), table.n_entries, table.total) == (79343, 143761, 248750)  # README figures
     assert table.info()["source"] == "lookup.bin"
-    # Loaded from a file, "first seen" is the position in the record: the later one wins.
-    assert_same_as_cache(table, cache, 2)
+    # Loaded from a file: ties go as in the map that loading the records in file order builds.
+    assert_same_as_cache(table, cache, 2, direct=True)
     table.verify()
 
 
@@ -350,7 +371,7 @@ def test_to_llama_round_trip(vectors_dir, tmp_path):
     assert (tmp_path / "out.bin").stat().st_size == src.stat().st_size
     assert table.to_llama_bytes() == (tmp_path / "out.bin").read_bytes()
     # llama.cpp's loader semantics (NgramCache.load) see the same counts and best tokens.
-    assert_same_as_cache(table, nc.NgramCache.load(tmp_path / "out.bin"), 2)
+    assert_same_as_cache(table, nc.NgramCache.load(tmp_path / "out.bin"), 2, direct=True)
     again = StaticTable.from_llama(tmp_path / "out.bin")
     assert again.to_bytes()[64:] == table.to_bytes()[64:]
     # And the original file's contents: same canonical form.
@@ -371,13 +392,38 @@ def llama_records(img: bytes) -> dict:
     return out
 
 
-def test_to_llama_puts_the_best_token_last():
+def test_to_llama_lists_pairs_so_that_the_loader_picks_the_best_token():
     t = StaticTable.build([1, 2, 6, 1, 2, 3, 1, 2, 5, 1, 2, 5, 1, 2, 3, 1, 2, 6])
-    assert t.best([1, 2]) == (5, 2, 6)  # 3, 5 and 6 tie; 5 was first seen latest
+    # 6, 3 and 5 tie: the in-memory map visits 5 3 6, its file lists them so, and the map
+    # loaded from that file visits 6 first.
+    assert t.best([1, 2]) == (6, 2, 6)
     records = llama_records(t.to_llama_bytes())
-    assert records[(1, 2)] == [(3, 2), (6, 2), (5, 2)]  # by token, the best one last
-    t2 = StaticTable.build([1, 2, 7, 1, 2, 3, 1, 2, 3])
-    assert llama_records(t2.to_llama_bytes())[(1, 2)] == [(7, 1), (3, 2)]
+    tokens, counts = zip(*records[(1, 2)])
+    assert sorted(records[(1, 2)]) == [(3, 2), (5, 2), (6, 2)]
+    assert llama_best(list(tokens), list(counts), direct=True) == 6
+    assert nc.NgramCache.from_bytes(t.to_llama_bytes()).get([1, 2]) == {3: 2, 5: 2, 6: 2}
+    t2 = StaticTable.build([1, 2, 7, 1, 2, 3, 1, 2, 3])  # no tie: pairs sorted by token
+    assert llama_records(t2.to_llama_bytes())[(1, 2)] == [(3, 2), (7, 1)]
+
+
+def test_to_llama_ties_survive_collisions_and_rehashes(tmp_path):
+    """Parts whose tokens share buckets (ids equal mod 13) and parts big enough to rehash:
+    the exported file makes llama.cpp's loader pick the table's best token every time."""
+    rng = np.random.default_rng(7)
+    toks = []
+    for key in range(60):
+        size = int(rng.integers(2, 40))
+        conts = rng.choice(np.arange(0, 13 * 60, 13) if key % 2 else np.arange(1000), size, replace=False)
+        for c in conts:
+            toks += [10_000 + key, 20_000, int(c)] * 2
+    t = StaticTable.build(toks)
+    p = tmp_path / "t.bin"
+    t.to_llama(p)
+    again = StaticTable.from_llama(p)
+    a, b = t.arrays(), again.arrays()
+    for name in ("keys", "best_token", "best_count", "sum"):
+        assert np.array_equal(a[name], b[name]), name
+    assert_same_as_cache(t, nc.NgramCache.load(p), 2, direct=True)
 
 
 def llama_record(key, pairs) -> bytes:
@@ -407,7 +453,7 @@ def test_import_mixed_sizes_needs_ngram_size(vectors_dir):
     cache = nc.NgramCache.load(path)
     for n in (1, 2, 4):
         t = StaticTable.from_llama(path, ngram_size=n)
-        assert_same_as_cache(t, cache, n)
+        assert_same_as_cache(t, cache, n, direct=True)
 
 
 def test_import_errors(tmp_path):
@@ -440,7 +486,9 @@ def test_full_pub_drafts_with_an_imported_static_table(vectors_dir, prose):
     table = StaticTable.from_llama(static_file)
     with_table, with_cache = replay(prose, dynamic, [table, nc.NgramCache.load(static_file)])
     want = read_drafts(vectors_dir / "prose.drafts.full-pub.jsonl")
-    assert first_difference(with_table, want) is None
+    assert {pos: with_table[pos - 1] for pos in want} == want
+    # every position, those the compact copy leaves out too
+    assert drafts_sha256(with_table) == full_rows_sha256("prose.drafts.full-pub.jsonl")
     assert first_difference(with_table, with_cache) is None
     assert sum(map(len, with_table)) == 105740
 
@@ -452,6 +500,7 @@ def test_drafts_with_a_built_table_equal_those_with_an_updated_cache(small_stati
     table = StaticTable.open(tmp_path / "s.ngst")
     cache = nc.NgramCache()
     cache.update(small_static, 2, 2)
+    cache = nc.NgramCache.from_bytes(cache.to_bytes())  # as llama-lookup-create's file, loaded
     stream = prose[:20000]
     a, b = replay(stream, None, [table, cache])
     assert first_difference(a, b) is None

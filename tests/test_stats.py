@@ -101,12 +101,13 @@ def test_dynamic_unchanged_unless_asked(prose, vectors_dir):
     assert (a.n_drafted, a.n_accept) == (b.n_drafted, b.n_accept)
     # Now dyn holds the original plus every replayed chunk's context cache.
     expect = nc.NgramCache.load(vectors_dir / DYNAMIC_FILE)
+    ctx = nc.NgramCache()  # one context cache, cleared after every chunk, as the replay's
     for c in range(b.n_chunks):
         chunk = prose[c * 4096:(c + 1) * 4096]
-        ctx = nc.NgramCache()
         for i in range(2, len(chunk) + 1):  # one token at a time, as the replay does
             ctx.update(chunk[:i], nnew=1)
         expect.merge(ctx)
+        ctx.clear()
     assert dyn.to_bytes() == expect.to_bytes()
 
 
@@ -227,8 +228,8 @@ def ref_replay(tokens, n_ctx, n_draft, static=None, dynamic=None) -> dict:
         ctx: dict = {}
         out = [sl[0]]
         while len(out) < n_ctx:
-            d = ref.draft(out, n_draft, ctx, dyn, static)
-            seq, origin = list(out), []
+            d = ref.draft(out, n_draft, ctx, dyn, static, llama_oob=True)
+            seq, origin = list(ref.LLAMA_OOB_BEFORE.get(len(out), ())) + out, []
             for tok in d:
                 origin.append(ref_attribute(seq, ctx, dyn, static))
                 seq.append(tok)
@@ -281,7 +282,9 @@ def test_replay_matches_reference(text, n_ctx, n_draft, static_text, dynamic_tex
         ref.update(dynamic_m, [t + vocab_shift for t in dynamic_text], 1, 4)
     static = to_cache(static_m) if static_m else None
     dynamic = to_cache(dynamic_m) if dynamic_m is not None else None
-    # from_bytes keeps file order, which is the model's insertion order: same tie-breaking.
+    # Both went through a file, as llama.cpp's do: the model drafts with what was loaded.
+    static_m = ref.from_bytes(ref.to_bytes(static_m))
+    dynamic_m = None if dynamic_m is None else ref.from_bytes(ref.to_bytes(dynamic_m))
     expect = ref_replay(text, n_ctx, n_draft, static_m, dynamic_m)
     if len(text) <= n_ctx:
         with pytest.raises(ValueError, match="too short"):

@@ -17,6 +17,7 @@ import pytest
 
 import ngramcache as nc
 import reference as ref
+from conftest import drafts_sha256, full_rows_sha256, read_drafts
 
 N_DRAFT = 8
 
@@ -102,10 +103,28 @@ def test_canonical_bytes_matches_reference_model():
 def test_llama_file_loads_to_its_canonical_contents(vectors_dir, stats, loaded, name):
     cache = loaded(name)
     assert summary(cache) == expected(stats, name)
-    # Loading keeps the file's record and pair order, so writing it back gives the same bytes.
     data = (vectors_dir / name).read_bytes()
     assert hashlib.sha256(data).hexdigest() == stats[name]["sha256_file"]
-    assert cache.to_bytes() == data
+    # Loading keeps the file's record and pair order (what llama.cpp's loader inserts in).
+    assert cache.to_bytes() == ref.to_bytes(ref.from_bytes(data))
+
+
+def test_llama_files_are_rebuilt_byte_for_byte(vectors_dir, prose):
+    """Built the way llama.cpp built them, the caches save to the very bytes of its files:
+    the record and pair order is libstdc++'s, reproduced."""
+    small = np.fromfile(vectors_dir / "small-static.tokens.i32", dtype="<i4")
+    static = nc.NgramCache()
+    static.update(small, 2, 2)  # llama-lookup-create
+    assert static.to_bytes() == (vectors_dir / "static-small.lcs.bin").read_bytes()
+    for name in ("prose", "dynpub"):  # incremental updates, one token at a time
+        toks = np.fromfile(vectors_dir / f"{name}.tokens.i32", dtype="<i4")
+        ctx = nc.NgramCache()
+        for i in range(2, toks.size + 1):
+            ctx.update(toks[:i], 1, 4, nnew=1)
+        assert ctx.to_bytes() == (vectors_dir / f"{name}.context.bin").read_bytes(), name
+    merged = nc.NgramCache.load(vectors_dir / "prose.context.bin")  # llama-lookup-merge
+    merged.merge(nc.NgramCache.load(vectors_dir / "dynpub.context.bin"))
+    assert merged.to_bytes() == (vectors_dir / "merged.prose+dynpub.bin").read_bytes()
 
 
 def test_reference_parser_agrees_on_a_llama_file(vectors_dir, stats):
@@ -149,16 +168,6 @@ def test_static_cache_built_from_tokens_equals_lookup_create(vectors_dir, stats,
 
 # --- the replay loop ----------------------------------------------------------------
 
-def read_drafts(path) -> list[list[int]]:
-    out = []
-    with open(path) as f:
-        for i, line in enumerate(f):
-            row = json.loads(line)
-            assert row["pos"] == i + 1
-            out.append(row["draft"])
-    return out
-
-
 def replay(tokens: np.ndarray, dynamic=None, static=None):
     """The README's loop: append, update(1..4, nnew=1) from 2 tokens on, draft 8."""
     context = nc.NgramCache()
@@ -171,13 +180,17 @@ def replay(tokens: np.ndarray, dynamic=None, static=None):
     return context, drafts
 
 
-def compare(got: list, want: list) -> None:
-    assert len(got) == len(want)
-    bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+def compare(got: list, vectors_dir, name: str) -> None:
+    """Our drafts against the log's rows, then all of them against the full log's hash
+    (which also covers the positions the compact copy leaves out)."""
+    want = read_drafts(vectors_dir / name)
+    bad = [pos for pos, w in want.items() if got[pos - 1] != w]
     if bad:
         p = bad[0]
-        pytest.fail(f"{len(bad)} of {len(want)} drafts differ; first at pos {p + 1}: "
-                    f"got {got[p]}, llama.cpp {want[p]}")
+        pytest.fail(f"{len(bad)} of {len(want)} drafts differ; first at pos {p}: "
+                    f"got {got[p - 1]}, llama.cpp {want[p]}")
+    assert drafts_sha256(got) == full_rows_sha256(name), \
+        "drafts differ from llama.cpp's at positions the compact copy leaves out (the full set shows where)"
 
 
 @pytest.fixture(scope="module")
@@ -200,15 +213,13 @@ def test_prose_stream_matches_the_text_count(prose):
 
 
 def test_context_only_drafts(vectors_dir, context_only):
-    want = read_drafts(vectors_dir / "prose.drafts.context-only.jsonl")
-    compare(context_only[1], want)
-    assert sum(map(len, want)) == 89120  # the README's totals: the file is the one described
+    compare(context_only[1], vectors_dir, "prose.drafts.context-only.jsonl")
+    assert sum(map(len, context_only[1])) == 89120  # the README's totals: the file is the one described
 
 
 def test_full_pub_drafts(vectors_dir, full_pub):
-    want = read_drafts(vectors_dir / "prose.drafts.full-pub.jsonl")
-    compare(full_pub[1], want)
-    assert sum(map(len, want)) == 105740
+    compare(full_pub[1], vectors_dir, "prose.drafts.full-pub.jsonl")
+    assert sum(map(len, full_pub[1])) == 105740
 
 
 def test_replayed_context_cache_equals_llama_file(stats, context_only, full_pub):

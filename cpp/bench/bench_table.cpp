@@ -193,7 +193,7 @@ size_t draft_context(const Table& c, const token_t* inp, size_t n_inp, token_t* 
             const int64_t sum = part->sum();
             if (sum < kMinSampleLax[s - 1]) continue;
             if (100 * int64_t(part->max_count()) < int64_t(kMinPercentLax[s - 1]) * sum) continue;
-            tok = newest_with_max(*part);
+            tok = best_by_count(*part);
             break;
         }
         if (tok == kTokenNull) break;

@@ -98,7 +98,8 @@ class ReplayResult:
     overlap_any: int
 
 def replay(tokens: Tokens, n_ctx: int, n_draft: int, static: StaticSource, dynamic: Optional[NgramCache],
-           update_dynamic: bool, progress: Optional[Callable[[int, int], object]]) -> ReplayResult: ...
+           update_dynamic: bool, progress: Optional[Callable[[int, int], object]],
+           llama_oob: bool = True) -> ReplayResult: ...
 
 class CopyDrafter:
     def __init__(self, context: Optional[NgramCache], dynamic: Optional[NgramCache], static: StaticSource,

@@ -284,7 +284,7 @@ def _stats_from(r: _core.ReplayResult, **fields) -> ReplayStats:
 
 
 def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_dynamic: bool = False,
-           progress: Callable[[int, int], object] | None = None) -> ReplayStats:
+           progress: Callable[[int, int], object] | None = None, llama_oob: bool = True) -> ReplayStats:
     """Replay ``tokens`` as llama-lookup-stats does and return the statistics.
 
     ``tokens`` are cut into chunks of ``n_ctx``; each chunk is replayed from an empty
@@ -302,6 +302,10 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
     lookup cache: PATH" (or dynamic), as llama.cpp words it.
     ``progress(done, total)`` is called from the replay at most every 100,000 tokens and at
     the end; an exception it raises (or Ctrl-C) stops the replay and propagates.
+    ``llama_oob``: at a chunk's second and third token, llama.cpp's 3- and 4-gram keys
+    reach before the chunk's start and read its heap there (docs/parity.md); True reads
+    what that read gives on glibc (33 right before a 2-token start, 0 before that and
+    before a 3-token start), False treats those keys as not found.
     """
     n_ctx = check_int("n_ctx", n_ctx, 2)
     n_draft = check_int("n_draft", n_draft, 0)
@@ -336,7 +340,7 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
         static_kind = "none"
 
     r = _core.replay(arr, n_ctx, n_draft, None if static is None else static._impl,
-                     None if dynamic is None else dynamic._impl, bool(update_dynamic), progress)
+                     None if dynamic is None else dynamic._impl, bool(update_dynamic), progress, bool(llama_oob))
     n_input = int(arr.size)
     return _stats_from(r, n_draft=n_draft, n_ctx=n_ctx, n_input=n_input, n_predict=n_input - n_input % n_ctx,
                        t_draft_flat=(static_load_s or 0.0) + (dynamic_load_s or 0.0), static_kind=static_kind,

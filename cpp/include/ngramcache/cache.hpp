@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "libstdcxx_order.hpp"
 #include "ngram.hpp"
 
 namespace ngramcache {
@@ -219,8 +220,12 @@ public:
         }
     }
 
-    // llama.cpp's common_ngram_cache_merge: counts are summed; new keys and tokens are
-    // appended in `add`'s order.
+    // llama.cpp's common_ngram_cache_merge: counts are summed, walking `add` in the order
+    // llama.cpp's outer map of it visits its keys (so keys new here are inserted as
+    // llama.cpp inserts them). A key new here takes a copy of `add`'s part (first-seen
+    // order and all, as llama.cpp copies the map); a key already here receives `add`'s
+    // tokens in the order llama.cpp's map of that part visits them, which is the order new
+    // tokens get appended in (and later ties read).
     void merge(const NgramCache& add) {
         if (&add == this) {  // doubling: iterate over a snapshot of the sizes
             for (size_t i = 0; i < keys_.size(); ++i) {
@@ -231,10 +236,15 @@ public:
             return;
         }
         reserve(keys_.size() + add.size());
-        for (size_t i = 0; i < add.size(); ++i) {
+        for (uint32_t i : add.llama_key_order()) {
             const Part& src = add.part_at(i);
             Part& dst = get_or_insert(add.key_at(i));
-            for (const Entry& e : src) dst.add(e.token, e.count);
+            if (dst.size() == 0 || src.size() < 2) {
+                for (const Entry& e : src) dst.add(e.token, e.count);
+            } else {
+                for (uint32_t j : libstdcxx::part_order(src.size(), [&](size_t k) { return src[uint32_t(k)].token; }))
+                    dst.add(src[j].token, src[j].count);
+            }
         }
     }
 
@@ -247,14 +257,28 @@ public:
         if (n_keys > keys_.capacity()) keys_.reserve(std::max(n_keys, 2 * keys_.capacity()));
     }
 
+    // Key indices in the iteration order of llama.cpp's outer map of this cache (keys
+    // inserted in this cache's order, into a map that had `llama_buckets_` when it was
+    // last cleared, as llama-lookup-stats' context cache is after every chunk).
+    std::vector<uint32_t> llama_key_order() const {
+        libstdcxx::NodeList list(llama_buckets_);
+        list.reserve(keys_.size());
+        for (const Ngram& k : keys_) list.insert(libstdcxx::llama_ngram_hash(k.t));
+        return list.order();
+    }
+
     void swap(NgramCache& o) noexcept {
+        std::swap(llama_buckets_, o.llama_buckets_);
         slots_.swap(o.slots_);
         std::swap(mask_, o.mask_);
         keys_.swap(o.keys_);
         segments_.swap(o.segments_);
     }
 
+    // Empties the cache. Like the unordered_map's clear(), the bucket count llama.cpp's map
+    // reached stays, which decides the order of the keys inserted next.
     void clear() {
+        llama_buckets_ = libstdcxx::buckets_after(llama_buckets_, keys_.size());
         keys_.clear();
         keys_.shrink_to_fit();
         segments_.clear();
@@ -322,6 +346,7 @@ private:
         mask_ = nmask;
     }
 
+    uint64_t llama_buckets_ = 0;                   // llama.cpp's outer map at the last clear()
     std::vector<uint64_t> slots_;                  // (fingerprint << 32) | (part index + 1)
     size_t mask_ = 0;
     std::vector<Ngram> keys_;                      // insertion order

@@ -2,16 +2,19 @@
 //
 // Deliberate differences from the reference (design.md §3):
 // - products in 128 bits, so huge counts times huge static counts cannot overflow;
-// - an n-gram longer than the sequence is "not found" (the reference reads out of bounds);
-// - ties go to the candidate first seen latest. Parts are scanned newest-first with a
-//   strict '>', which is what libstdc++'s iteration order gives llama.cpp for the usual
-//   two-candidate tie (and for every tie in the public vectors).
+// - an n-gram longer than the sequence is "not found" (the reference reads out of bounds;
+//   replay can reproduce what it reads there, see replay.hpp).
+// Ties go where llama.cpp's std::unordered_map iteration order sends them: the first of
+// the tied tokens in libstdc++'s order for the part's insertion sequence
+// (libstdcxx_order.hpp). Most steps have no tie; a tie is detected on the way and only
+// then is the order worked out.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "cache.hpp"
+#include "libstdcxx_order.hpp"
 #include "ngram.hpp"
 
 namespace ngramcache {
@@ -42,11 +45,25 @@ struct NoStatic {
     bool best(Ref, token_t&) const { return false; }
 };
 
-// The newest entry with the highest count: the tie rule applied to a plain count ranking.
-inline token_t newest_with_max(const Part& p) {
-    for (uint32_t i = p.size(); i-- > 0;)
-        if (p[i].count == p.max_count()) return p[i].token;
-    return kTokenNull;
+// Of the entries for which `is_candidate(entry)` holds, the one llama.cpp's map visits first.
+template <class IsCandidate>
+inline token_t first_in_llama_order(const Part& p, IsCandidate is_candidate) {
+    const size_t i = libstdcxx::first_in_order(
+        p.size(), [&](size_t j) { return p[uint32_t(j)].token; },
+        [&](size_t j) { return is_candidate(p[uint32_t(j)]); });
+    return i < p.size() ? p[uint32_t(i)].token : kTokenNull;
+}
+
+// The entry with the highest count, a tie decided by llama.cpp's iteration order. A tie
+// needs at least two entries at the maximum, so none is possible when the maximum is more
+// than half the sum: then the only entry at the maximum is the answer.
+inline token_t best_by_count(const Part& p) {
+    const int32_t mx = p.max_count();
+    if (2 * int64_t(mx) > p.sum()) {
+        for (uint32_t i = p.size(); i-- > 0;)
+            if (p[i].count == mx) return p[i].token;
+    }
+    return first_in_llama_order(p, [mx](const Entry& e) { return e.count == mx; });
 }
 
 inline bool static_thresholds_pass(int64_t best, int64_t sum) {
@@ -61,7 +78,7 @@ struct CacheAsStatic {
     int64_t count(Ref r, token_t t) const { return r->count_of(t); }
     bool best(Ref r, token_t& tok) const {
         if (r == nullptr || !static_thresholds_pass(r->max_count(), r->sum())) return false;
-        tok = newest_with_max(*r);
+        tok = best_by_count(*r);
         return true;
     }
 };
@@ -86,7 +103,7 @@ inline bool try_primary(const NgramCache& cache, const token_t* window, int wind
         if (100 * int64_t(part->max_count()) < int64_t(min_percent[i]) * sum) continue;
         if (part_static == nullptr) {
             // Without static weights the score is the count itself.
-            out = newest_with_max(*part);
+            out = best_by_count(*part);
             out_size = n;
             return true;
         }
@@ -95,15 +112,26 @@ inline bool try_primary(const NgramCache& cache, const token_t* window, int wind
         __extension__ typedef unsigned __int128 score_t;
         int64_t best_cnt = 0;
         score_t best_score = 0;
-        for (uint32_t j = part->size(); j-- > 0;) {
-            const Entry& e = (*part)[j];
+        auto score_of = [&](const Entry& e) {
             const int64_t sc = st.count(part_static, e.token);
-            const score_t score = score_t(uint64_t(e.count)) * uint64_t(sc > 0 ? 100 * sc : 1);
+            return score_t(uint64_t(e.count)) * uint64_t(sc > 0 ? 100 * sc : 1);
+        };
+        bool tie = false;
+        for (uint32_t j = 0; j < part->size(); ++j) {
+            const Entry& e = (*part)[j];
+            const score_t score = score_of(e);
             if (score > best_score) {
                 best_tok = e.token;
                 best_cnt = e.count;
                 best_score = score;
+                tie = false;
+            } else if (score == best_score) {
+                tie = true;
             }
+        }
+        if (tie) {
+            best_tok = first_in_llama_order(*part, [&](const Entry& e) { return score_of(e) == best_score; });
+            best_cnt = part->count_of(best_tok);
         }
         if (100 * best_cnt < int64_t(min_percent[i]) * sum) continue;
         out = best_tok;
@@ -115,19 +143,40 @@ inline bool try_primary(const NgramCache& cache, const token_t* window, int wind
 
 }  // namespace detail
 
+// What llama.cpp reads before the start of a 2- or 3-token sequence, where its keys of 3
+// and 4 tokens reach out of bounds (spec §1.3, hazard 3): get_token() indexes its `draft`
+// vector at -n_inp and -n_inp-1, which is the size word of glibc's malloc chunk header of
+// that 32-byte buffer (x86-64, arm64): 33 (32 with the in-use bit of the chunk before
+// it; 32 when that chunk is free, which depends on the process's heap) right before a
+// 2-token sequence, and 0 (the upper half of the header's prev_size word) before that
+// and right before a 3-token sequence.
+constexpr token_t kLlamaOobBefore2[2] = {0, 33};  // ..., S[-2], S[-1] for n_inp == 2
+constexpr token_t kLlamaOobBefore3 = 0;           // S[-1] for n_inp == 3
+
 // Drafts up to n_draft tokens after inp[0..n_inp-1] (its last token is the newest one,
 // llama.cpp's draft[0]). Writes them to `out` and returns how many; `steps`, if given,
-// receives where each drafted token came from.
+// receives where each drafted token came from. `llama_oob`: keys that reach before the
+// start read the tokens above, as llama.cpp's build does (else they are not found).
 template <class Static>
 inline size_t draft(const token_t* inp, size_t n_inp, size_t n_draft, int ngram_min, int ngram_max,
                     const NgramCache& context, const NgramCache* dynamic, const Static& st,
-                    token_t* out, DraftStep* steps = nullptr) {
+                    token_t* out, DraftStep* steps = nullptr, bool llama_oob = false) {
     NgramCache::check_sizes(ngram_min, ngram_max);
     if (n_inp < static_cast<size_t>(kNgramStatic)) return 0;
     // The last kNgramMax tokens of the virtual sequence inp ++ out.
     token_t window[kNgramMax];
     int window_len = n_inp < size_t(kNgramMax) ? int(n_inp) : kNgramMax;
     for (int i = 0; i < window_len; ++i) window[i] = inp[n_inp - window_len + i];
+    if (llama_oob && window_len < kNgramMax) {
+        if (n_inp == 2) {
+            window[2] = inp[0], window[3] = inp[1];
+            window[0] = kLlamaOobBefore2[0], window[1] = kLlamaOobBefore2[1];
+        } else {  // n_inp == 3
+            window[1] = inp[0], window[2] = inp[1], window[3] = inp[2];
+            window[0] = kLlamaOobBefore3;
+        }
+        window_len = kNgramMax;
+    }
 
     size_t n = 0;
     while (n < n_draft) {

@@ -97,21 +97,24 @@ inline void load_lookup_file(NgramCache& cache, const std::string& path) {
     load_lookup(cache, buf.data(), buf.size(), path);
 }
 
-// The file image of `cache`: records in key insertion order, pairs in first-seen order.
+// The file image of `cache`, in the order llama.cpp's common_ngram_cache_save writes it:
+// records in the iteration order of its outer map, pairs in that of each part's map, for
+// the insertion sequences the cache holds (byte for byte llama-lookup-create's file for
+// the same tokens, and llama-lookup-merge's for the same files).
 inline std::vector<char> serialize_lookup(const NgramCache& cache) {
     size_t bytes = 0;
     for (size_t i = 0; i < cache.size(); ++i) bytes += 20 + 8 * size_t(cache.part_at(i).size());
     std::vector<char> out;
     out.reserve(bytes);
-    for (size_t i = 0; i < cache.size(); ++i) {
+    for (uint32_t i : cache.llama_key_order()) {
         const Part& p = cache.part_at(i);
         if (p.size() == 0) continue;
         const Ngram& k = cache.key_at(i);
         for (int s = 0; s < kNgramMax; ++s) store_i32(out, k.t[s]);
         store_i32(out, static_cast<int32_t>(p.size()));
-        for (const Entry& e : p) {
-            store_i32(out, e.token);
-            store_i32(out, e.count);
+        for (uint32_t j : libstdcxx::part_order(p.size(), [&](size_t x) { return p[uint32_t(x)].token; })) {
+            store_i32(out, p[j].token);
+            store_i32(out, p[j].count);
         }
     }
     return out;

@@ -252,15 +252,24 @@ inline Image build_packed(const uint32_t* ids, size_t N, int w, const token_t* i
                 continue;
             }
             ntok.push_back(static_cast<uint32_t>(seen.size()));
-            uint32_t best = 0, best_cnt = 0;
-            for (uint32_t t : seen) {  // '>=': the latest first occurrence wins a tie
+            uint32_t best_cnt = 0, n_at_best = 0;
+            for (uint32_t t : seen) {
                 if (cnt[t] > uint32_t(INT32_MAX))
                     throw InputError("an n-gram count exceeds the int32 range of lookup.bin");
-                if (cnt[t] >= best_cnt) {
-                    best = t;
+                if (cnt[t] > best_cnt) {
                     best_cnt = cnt[t];
+                    n_at_best = 1;
+                } else if (cnt[t] == best_cnt) {
+                    ++n_at_best;
                 }
             }
+            // A tie goes to the token llama.cpp visits first in the lookup.bin that
+            // llama-lookup-create writes from the same corpus, once loaded.
+            const uint32_t best = seen[n_at_best == 1
+                ? std::find_if(seen.begin(), seen.end(), [&](uint32_t t) { return cnt[t] == best_cnt; }) - seen.begin()
+                : libstdcxx::first_after_reload(
+                      seen.size(), [&](size_t i) { return tok_of(seen[i]); },
+                      [&](size_t i) { return cnt[seen[i]] == best_cnt; })];
             sorter.sort(seen);
             for (uint32_t t : seen) {
                 *out++ = E(uint64_t(t) << 32 | cnt[t] | (t == best ? kBest : 0));
@@ -360,8 +369,9 @@ inline Image build_image(const token_t* tokens, size_t n_tokens, int n) {
     return detail::build_n<u128>(ids, n_tokens, n, w, map, n_ids);
 }
 
-// The keys of size n of `cache`. A key's continuations keep the cache's first-seen
-// order for the tie rule (the newest among the most frequent wins, as in drafting).
+// The keys of size n of `cache`. A key's best token is the one drafting with the cache as
+// the static cache picks (best_by_count: llama.cpp's order for the cache's insertion
+// sequence, which for a loaded lookup.bin is its file order).
 inline Image image_from_cache(const NgramCache& cache, int n, Source src = Source::cache) {
     check_ngram_size(n);
     check_host();
@@ -384,7 +394,7 @@ inline Image image_from_cache(const NgramCache& cache, int n, Source src = Sourc
     auto fill = [&](size_t k, uint8_t* rec, uint8_t* ent) {
         const Part& p = cache.part_at(idx[k]);
         write_key(rec, cache.key_at(idx[k]).t, n);
-        write_best(rec, newest_with_max(p), p.max_count(), static_cast<uint64_t>(p.sum()));
+        write_best(rec, best_by_count(p), p.max_count(), static_cast<uint64_t>(p.sum()));
         if (p.size() < 2) return;
         sorted.assign(p.begin(), p.end());
         std::sort(sorted.begin(), sorted.end(), [](const Entry& x, const Entry& y) { return x.token < y.token; });
@@ -394,7 +404,7 @@ inline Image image_from_cache(const NgramCache& cache, int n, Source src = Sourc
 }
 
 // Imports a llama.cpp lookup.bin image exactly as NgramCache's loader reads it
-// (duplicate keys and tokens keep the first; the later token of a record wins ties).
+// (duplicate keys and tokens keep the first; ties go as llama.cpp's loaded map has them).
 // n = 0 infers the n-gram size, which must then be the same for every key.
 inline Image image_from_lookup(const char* data, size_t size, const std::string& name, int n) {
     if (n != 0) check_ngram_size(n);  // before the parse, which may take long

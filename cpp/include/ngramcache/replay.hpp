@@ -31,6 +31,8 @@ constexpr int64_t kProgressEvery = 100000;    // tokens between progress callbac
 struct ReplayOptions {
     size_t n_ctx = 4096;
     size_t n_draft = 3;
+    // Keys reaching before a chunk's start read what llama.cpp reads there (draft.hpp).
+    bool llama_oob = false;
 };
 
 struct ReplayResult {
@@ -165,7 +167,7 @@ ReplayResult replay(const token_t* inp, size_t n_input, const ReplayOptions& opt
         while (out.size() < n_ctx) {
             auto t0 = clock::now();
             const size_t nd = draft(out.data(), out.size(), n_draft, 1, kNgramMax, context, &dynamic,
-                                    st, drafted.data(), steps.data());
+                                    st, drafted.data(), steps.data(), opt.llama_oob);
             r.t_draft_ns += detail::elapsed_ns(t0);
             ++r.n_steps;
             r.n_drafted += static_cast<int64_t>(nd);

@@ -303,27 +303,40 @@ public:
         if (total != h_.total) fail("the header's total differs from the sum of all counts");
     }
 
-    // llama.cpp lookup.bin image: records in table order, pairs sorted by token except
-    // that the best token goes last, so llama.cpp and NgramCache::load pick the same
-    // best token on a tie (the later token of a record wins there).
+    // llama.cpp lookup.bin image: records in table order, pairs in an order that makes
+    // llama.cpp's loader (and NgramCache::load) break a tie toward the stored best token.
     std::vector<char> to_lookup() const {
         std::vector<char> out;
         out.reserve(20 * h_.n_keys + 8 * h_.n_entries);
         const int n = h_.ngram_size;
+        std::vector<Entry> es;
         for (uint64_t i = 0; i < h_.n_keys; ++i) {
             const uint8_t* rec = record(i);
             for (int j = 0; j < kNgramMax; ++j)
                 store_i32(out, j < n ? ngst::loadi32(rec + ngst::kRecKey + 4 * j) : kTokenNull);
-            auto [p, len] = stored(rec);
-            store_i32(out, static_cast<int32_t>(len == 0 ? 1 : len));
+            es.clear();
             const token_t bt = best_token(rec);
+            const int64_t bc = best_count(rec);
+            size_t at_best = 0, first = 0;
             for_each_entry(rec, [&](token_t t, int64_t c) {
-                if (t == bt) return;
-                store_i32(out, t);
-                store_i32(out, static_cast<int32_t>(c));
+                if (t == bt) first = es.size();
+                at_best += c == bc;
+                es.push_back(Entry{t, static_cast<int32_t>(c)});
             });
-            store_i32(out, bt);
-            store_i32(out, static_cast<int32_t>(count(rec, bt)));
+            store_i32(out, static_cast<int32_t>(es.size()));
+            if (at_best < 2) {  // no tie to steer: sorted by token
+                for (const Entry& e : es) {
+                    store_i32(out, e.token);
+                    store_i32(out, e.count);
+                }
+                continue;
+            }
+            for (uint32_t j : libstdcxx::order_putting_first(
+                     es.size(), first, [&](size_t x) { return es[x].token; },
+                     [&](size_t x) { return es[x].count == bc; })) {
+                store_i32(out, es[j].token);
+                store_i32(out, es[j].count);
+            }
         }
         return out;
     }
@@ -343,25 +356,13 @@ public:
         write_file_atomic(path, img.data(), img.size());
     }
 
-    // Replaces the contents of `out` with the table's counts: keys in table order, each
-    // key's pairs as to_lookup() writes them (best token last), so the cache's first-seen
-    // order gives the same best token on a tie. Verifies first, as save_lookup.
+    // Replaces the contents of `out` with the table's counts, as NgramCache::load reads
+    // the to_lookup() image: on a tie, drafting with the cache picks the table's best
+    // token. Verifies first, as save_lookup.
     void to_cache(NgramCache& out) const {
-        verify();
+        const std::vector<char> img = to_lookup_verified();
         NgramCache fresh;
-        fresh.reserve((20 * h_.n_keys + 8 * h_.n_entries) / 28);  // as the lookup.bin loader sizes it
-        const int n = h_.ngram_size;
-        for (uint64_t i = 0; i < h_.n_keys; ++i) {
-            const uint8_t* rec = record(i);
-            token_t key[kNgramMax];
-            std::memcpy(key, key_ptr(rec), 4 * size_t(n));
-            Part& part = fresh.get_or_insert(Ngram(key, n));
-            const token_t bt = best_token(rec);
-            for_each_entry(rec, [&](token_t t, int64_t c) {
-                if (t != bt) part.add_new(t, static_cast<int32_t>(c));
-            });
-            part.add_new(bt, static_cast<int32_t>(count(rec, bt)));
-        }
+        load_lookup(fresh, img.data(), img.size(), "static table");
         out.swap(fresh);
     }
 

@@ -51,6 +51,9 @@ def add_parser(sub) -> None:
                    help=f"chunk size in tokens, >= 2 (default: {DEFAULT_N_CTX})")
     r.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_N_DRAFT, metavar="N", dest="n_draft",
                    help=f"most tokens drafted per step, >= 0 (default: {DEFAULT_N_DRAFT}, as llama.cpp)")
+    r.add_argument("--no-llama-oob", action="store_false", dest="llama_oob",
+                   help="treat 3- and 4-gram keys that reach before a chunk's start as not found, instead "
+                        "of reading what llama.cpp reads there (docs/parity.md)")
     add_drafter_flags(p, "lookup", "what drafts")
     o = p.add_argument_group("output")
     o.add_argument("--plot", metavar="PNG",
@@ -96,7 +99,7 @@ def run(args) -> int:
         progress = lambda done, total: bar.update(done - bar.n)  # noqa: E731
         if drafter is None:
             stats = replay(tokens, n_ctx, args.n_draft, static=args.lookup_cache_static, dynamic=dynamic,
-                           progress=progress)
+                           progress=progress, llama_oob=args.llama_oob)
         else:
             stats = replay_drafter(tokens, drafter, n_ctx, args.n_draft, progress=progress)
 
