@@ -4,15 +4,9 @@ Run (not part of the default test run, which collects tests/ only):
 
     .venv/bin/python -m pytest bench/bench_core.py -s -p no:cacheprovider --benchmark-columns=min,mean,rounds
 
-Token stream: the Python standard library's own source, tokenized by a fixed scheme so
-that every machine with the same Python version gets the same stream:
-- files: every ``*.py`` under ``sysconfig.get_paths()["stdlib"]``, skipping
-  ``site-packages`` and ``__pycache__``, in sorted order of their relative paths;
-- text: the file's bytes decoded as UTF-8 (errors replaced), files concatenated;
-- tokens: ``re.findall(r"\\w+|[^\\w\\s]|\\n", text)``: words, single punctuation
-  characters and newlines (other whitespace dropped);
-- ids: a dict in first-seen order (the first distinct token is 0, the next 1, ...);
-- the first N_TOKENS of that stream (cached as raw int32 in the temp folder).
+Token stream: the first N_TOKENS of the Python standard library's own source, tokenized
+by the fixed scheme of bench/stdlib_stream.py (the same on every machine with the same
+Python version; cached as raw int32 in the temp folder).
 
 The workload is the vectors' replay loop (tests/test_vectors.py): for each position,
 append the token, update the context cache with nnew=1 (n-gram sizes 1..4), draft up to
@@ -28,12 +22,7 @@ append the token, update the context cache with nnew=1 (n-gram sizes 1..4), draf
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
 import sys
-import sysconfig
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,51 +31,29 @@ import pytest
 
 import ngramcache as nc
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import reference as ref  # noqa: E402
+import stdlib_stream as stream  # noqa: E402
 
 N_TOKENS = 1_200_000
 N_DRAFT = 8
 REF_SLICE = 20_000
-TOKEN_RE = r"\w+|[^\w\s]|\n"
 
 FIGURES: dict[str, str] = {}
 
 
-def _stdlib_files() -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py")
-             if "site-packages" not in p.parts and "__pycache__" not in p.parts and p.is_file()]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
-
-
 def stdlib_tokens(n: int = N_TOKENS) -> np.ndarray:
-    tag = hashlib.sha256(f"{TOKEN_RE}|{n}|{sys.version_info[:2]}|{sysconfig.get_paths()['stdlib']}".encode()).hexdigest()[:16]
-    cached = Path(tempfile.gettempdir()) / f"ngramcache-bench-stdlib-{tag}.i32"
-    if cached.is_file() and cached.stat().st_size == 4 * n:
-        return np.fromfile(cached, dtype="<i4").astype(np.int32)
-    pattern = re.compile(TOKEN_RE)
-    ids: dict[str, int] = {}
-    out: list[int] = []
-    for path in _stdlib_files():
-        text = path.read_bytes().decode("utf-8", errors="replace")
-        out.extend(ids.setdefault(w, len(ids)) for w in pattern.findall(text))
-        if len(out) >= n:
-            break
-    if len(out) < n:
-        pytest.skip(f"the standard library gave only {len(out):,} tokens")
-    arr = np.asarray(out[:n], dtype="<i4")
-    tmp = cached.with_suffix(f".tmp{os.getpid()}")
-    arr.tofile(tmp)
-    os.replace(tmp, cached)
-    return arr.astype(np.int32)
+    try:
+        return stream.stdlib_tokens(n)
+    except stream.StreamTooShort as e:
+        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")
 def tokens() -> np.ndarray:
     t = stdlib_tokens()
-    FIGURES["stream"] = (f"{t.size:,} tokens, {int(t.max()) + 1:,} distinct ids, Python "
-                         f"{sys.version_info.major}.{sys.version_info.minor} stdlib")
+    FIGURES["stream"] = stream.describe(t)
     return t
 
 
