@@ -61,8 +61,11 @@ def _record_pair(request):
         pairs.record(bench)
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(hookwrapper=True)
 def pytest_terminal_summary(terminalreporter):
+    # a wrapper, so that the ratios come after pytest-benchmark's tables and are printed
+    # even when its --benchmark-compare-fail check raises there
+    yield
     lines = pairs.ratio_lines()
     if lines:  # none when benchmarks were disabled or skipped
         terminalreporter.write_sep("-", "baseline / ngramcache (medians, this run)")
