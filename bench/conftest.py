@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
-# bench/ for the helper modules, tests/ for the pure-Python reference models
+# bench/ for pairs.py and stdlib_stream.py, tests/ for the pure-Python reference models
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
