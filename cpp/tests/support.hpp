@@ -10,6 +10,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -33,8 +34,34 @@ inline Tokens random_stream(std::mt19937& rng, size_t n, token_t vocab) {
 
 inline ngramcache::Ngram key_of(const Key& k) { return ngramcache::Ngram(k.data(), static_cast<int>(k.size())); }
 
+#ifndef __GLIBCXX__
+#error "the reference reads llama.cpp's tie order from real libstdc++ unordered_maps"
+#endif
+
+// A part as llama.cpp visits it: the pairs in the iteration order of a real
+// std::unordered_map<int32_t, int32_t> that received them in first-seen order.
+inline RefPart llama_visit(const RefPart& p) {
+    std::unordered_map<token_t, int64_t> m;
+    for (const auto& e : p) m.emplace(e.first, e.second);
+    return RefPart(m.begin(), m.end());
+}
+
+// llama.cpp's common_ngram and its hash, for the order of a real outer map.
+struct LlamaKey {
+    token_t t[4];
+    bool operator==(const LlamaKey& o) const { return std::equal(t, t + 4, o.t); }
+};
+struct LlamaKeyHash {
+    size_t operator()(const LlamaKey& k) const {
+        uint64_t h = 0;
+        for (token_t x : k.t) h ^= uint64_t(int64_t(x)) * 0x9E3779B97F4A7C15ull;
+        return h;
+    }
+};
+
 // llama.cpp's cache semantics with ordered containers: keys in first-insertion order,
-// parts in first-seen order.
+// parts in first-seen order; what llama.cpp's unordered_maps would visit comes from real
+// ones built in those orders.
 struct RefCache {
     std::map<Key, size_t> index;
     std::vector<Key> keys;
@@ -69,9 +96,38 @@ struct RefCache {
             for (size_t i = i_start; i < len; ++i) add(Key(inp.begin() + (i - n), inp.begin() + i), inp[i], 1);
         }
     }
+    // Keys in the order a real outer map built in insertion order visits them.
+    std::vector<size_t> llama_key_order() const {
+        std::unordered_map<LlamaKey, size_t, LlamaKeyHash> m;
+        for (size_t i = 0; i < keys.size(); ++i) {
+            LlamaKey k{{-1, -1, -1, -1}};
+            std::copy(keys[i].begin(), keys[i].end(), k.t);
+            m.emplace(k, i);
+        }
+        std::vector<size_t> out;
+        for (const auto& kv : m) out.push_back(kv.second);
+        return out;
+    }
+    // What llama.cpp's load of llama.cpp's save of this cache holds: keys and pairs in the
+    // orders real maps visit them, as the file lists them.
+    RefCache as_loaded() const {
+        RefCache out;
+        for (size_t i : llama_key_order())
+            for (const auto& e : llama_visit(parts[i])) out.add(keys[i], e.first, e.second);
+        return out;
+    }
+    // common_ngram_cache_merge: `o` walked in its outer map's order; a new key copies the
+    // part, an existing one receives the tokens in the order o's map of the part has them.
     void merge(const RefCache& o) {
-        for (size_t i = 0; i < o.keys.size(); ++i)
-            for (const auto& e : o.parts[i]) add(o.keys[i], e.first, e.second);
+        const bool self = &o == this;
+        const std::vector<size_t> order = o.llama_key_order();
+        const RefCache snapshot = self ? o : RefCache{};
+        const RefCache& src = self ? snapshot : o;
+        for (size_t i : order) {
+            const bool is_new = find(src.keys[i]) == nullptr;
+            for (const auto& e : is_new ? src.parts[i] : llama_visit(src.parts[i]))
+                add(src.keys[i], e.first, e.second);
+        }
     }
 };
 
@@ -100,6 +156,23 @@ inline void check_same(const ngramcache::NgramCache& c, const RefCache& r) {
         }
         CHECK_EQ(p.sum(), sum);
         CHECK_EQ(int64_t(p.max_count()), mx);
+    }
+}
+
+// The same keys, each with the same pairs in the same order; the key order may differ (a
+// merge inserts keys in llama.cpp's outer-map order of the cache merged in).
+inline void check_same_parts(const ngramcache::NgramCache& a, const ngramcache::NgramCache& b) {
+    CHECK_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+        const ngramcache::Part* q = b.find(a.key_at(i));
+        check::note() = "key " + show_key(a.key_at(i));
+        CHECK(q != nullptr);
+        const ngramcache::Part& p = a.part_at(i);
+        CHECK_EQ(p.size(), q->size());
+        for (uint32_t j = 0; j < p.size(); ++j) {
+            CHECK_EQ(p[j].token, (*q)[j].token);
+            CHECK_EQ(p[j].count, (*q)[j].count);
+        }
     }
 }
 

@@ -57,7 +57,7 @@ static Drafted run_plain(const Tokens& inp, size_t n_draft, const NgramCache& ct
 
 // ---- the reference, from the spec's pseudo-code --------------------------------------
 
-// Parts are visited newest-first with a strict '>': the documented tie rule.
+// Parts are visited in a real unordered_map's order with a strict '>', as llama.cpp does.
 static token_t ref_try_primary(const RefCache& cache, const Tokens& S, int nmin, int nmax, const RefPart* ps,
                                const int* min_sample, const int* min_percent, int& size) {
     for (int n = nmax; n >= nmin; --n) {
@@ -67,7 +67,8 @@ static token_t ref_try_primary(const RefCache& cache, const Tokens& S, int nmin,
         const int i = n - nmin;
         __extension__ typedef __int128 wide;  // exact products, whatever the counts
         int64_t best_tok = -1, best_cnt = 0, best_stat = 0, sum = 0;
-        for (auto it = part->rbegin(); it != part->rend(); ++it) {
+        const RefPart visit = test::llama_visit(*part);
+        for (auto it = visit.begin(); it != visit.end(); ++it) {
             int64_t stat = 1;
             if (ps != nullptr)
                 for (const auto& e : *ps)
@@ -90,7 +91,8 @@ static token_t ref_try_primary(const RefCache& cache, const Tokens& S, int nmin,
 static token_t ref_try_static(const RefPart* ps) {
     if (ps == nullptr) return -1;
     int64_t best_tok = -1, best = 0, sum = 0;
-    for (auto it = ps->rbegin(); it != ps->rend(); ++it) {
+    const RefPart visit = test::llama_visit(*ps);
+    for (auto it = visit.begin(); it != visit.end(); ++it) {
         if (it->second > best) {
             best_tok = it->first;
             best = it->second;
@@ -353,19 +355,20 @@ TEST(huge_counts_times_huge_static_counts_do_not_wrap) {
     CHECK_EQ(run(kInp, 1, 1, 4, no_ctx, nullptr, CacheAsStatic{&st}).tokens.size(), size_t(0));
 }
 
-TEST(tie_rule_is_first_seen_not_last_seen) {
-    // (1 5) is followed by 20, 21, 21, 20: counts tie, 21 was first seen later and wins
-    // although 20 was seen last.
+TEST(tie_rule_is_llama_cpp_s_map_order) {
+    // (1 5) is followed by 20, 21, 21, 20: counts tie; llama.cpp's map of the part visits
+    // 21 first (inserted later), although 20 was seen last.
     const Tokens s = {1, 5, 20, 1, 5, 21, 1, 5, 21, 1, 5, 20};
     NgramCache ctx;
     ctx.update(s.data(), s.size(), 1, 4, s.size());
     const Drafted d = run(Tokens{1, 5}, 1, 1, 2, ctx, nullptr, NoStatic{});
     CHECK_EQ(d.tokens, Tokens{21});
     CHECK_EQ(d.sizes, std::vector<int>{2});
-    // The static table built from the same stream applies the same rule.
+    // The static table built from the same stream is the lookup.bin llama-lookup-create
+    // writes (21 then 20) as llama.cpp loads it: 20 first.
     const StaticTable t = StaticTable::build(s.data(), s.size(), 2);
     NgramCache empty;
-    CHECK_EQ(run(Tokens{1, 5}, 1, 1, 4, empty, nullptr, t).tokens, Tokens{21});
+    CHECK_EQ(run(Tokens{1, 5}, 1, 1, 4, empty, nullptr, t).tokens, Tokens{20});
 }
 
 TEST(thresholds_are_indexed_from_ngram_min) {
@@ -438,6 +441,7 @@ TEST(matches_reference_on_random_streams) {
         st.update(corpus.data(), corpus.size(), 2, 2, corpus.size());
         rst.update(corpus, corpus.size(), 2, 2, corpus.size());
         const StaticTable built = StaticTable::build(corpus.data(), corpus.size(), 2);
+        const RefCache rst_loaded = rst.as_loaded();
         const int nmin = round % 4 == 3 ? 2 : 1, nmax = round % 3 == 2 ? 3 : 4;
         // The context cache grows one token at a time, as in generation.
         NgramCache ctx;
@@ -455,7 +459,9 @@ TEST(matches_reference_on_random_streams) {
             CHECK_EQ(run(inp, n_draft, nmin, nmax, ctx, nullptr, NoStatic{}), want_plain);
             const Drafted want = ref_draft(inp, n_draft, nmin, nmax, rctx, &rdyn, &rst);
             CHECK_EQ(run(inp, n_draft, nmin, nmax, ctx, &dyn, CacheAsStatic{&st}), want);
-            CHECK_EQ(run(inp, n_draft, nmin, nmax, ctx, &dyn, built), want);
+            // A built table decides ties as llama.cpp with the lookup.bin of the corpus.
+            CHECK_EQ(run(inp, n_draft, nmin, nmax, ctx, &dyn, built),
+                     ref_draft(inp, n_draft, nmin, nmax, rctx, &rdyn, &rst_loaded));
             for (int s : want.sources) ++by_source[s];
             const Drafted ctx_only = ref_draft(inp, n_draft, nmin, nmax, rctx, nullptr, &rst);
             reranked += !want_plain.tokens.empty() && !ctx_only.tokens.empty() && ctx_only.sources[0] == 0 &&

@@ -58,11 +58,12 @@ static void expect_format_error(const Bytes& b, const std::string& why, size_t o
 }
 
 TEST(serialize_gives_the_documented_bytes) {
-    // The example of spec §1.4: key (15043, 3186), next tokens 29871 x 5 and 13 x 2.
+    // The example of spec §1.4: key (15043, 3186), next tokens 29871 x 5 and 13 x 2. A map
+    // that received 13 and then 29871 visits 29871 first.
     NgramCache c;
     Part& p = c.get_or_insert(Ngram::of2(15043, 3186));
-    p.add(29871, 5);
     p.add(13, 2);
+    p.add(29871, 5);
     const Bytes img = serialize_lookup(c);
     const unsigned char want[] = {0xc3, 0x3a, 0x00, 0x00, 0x72, 0x0c, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff,
                                   0xff, 0xff, 0xff, 0xff, 0x02, 0x00, 0x00, 0x00, 0xaf, 0x74, 0x00, 0x00,
@@ -85,7 +86,7 @@ TEST(round_trip_keeps_counts_and_order) {
         CHECK_EQ(img.size(), want);
         NgramCache back;
         load(back, img);
-        test::check_same(back, r);
+        test::check_same(back, r.as_loaded());
         CHECK(serialize_lookup(back) == img);
     }
 }
@@ -218,7 +219,9 @@ TEST(save_and_load_files) {
     save_lookup_file(c, dir.file("c.bin"));
     NgramCache back;
     load_lookup_file(back, dir.file("c.bin"));
-    CHECK(serialize_lookup(back) == serialize_lookup(c));
+    test::RefCache r;
+    r.update(t, t.size(), 1, 4, t.size());
+    test::check_same(back, r.as_loaded());
     CHECK_EQ(dir.listing(), std::vector<std::string>{"c.bin"});
     NgramCache none;
     CHECK_THROWS_AS(load_lookup_file(none, dir.file("d.bin")), FileNotFound, "d.bin");

@@ -15,8 +15,10 @@ CacheFormatError = _core.CacheFormatError
 class NgramCache:
     """n-gram -> {next token: count}, as llama.cpp's ``common_ngram_cache``.
 
-    Keys are 1- to 4-grams. Each key's continuations keep their first-seen order,
-    which decides ties when drafting (the token first seen latest wins).
+    Keys are 1- to 4-grams. Each key's continuations keep their first-seen order, from
+    which ties when drafting are decided as llama.cpp's ``std::unordered_map`` decides
+    them (libstdc++'s iteration order, docs/parity.md). ``save`` writes records and pairs
+    in that order, so files are byte for byte llama.cpp's; ``load`` keeps file order.
 
     Thread safety: any number of threads may draft from, ``get`` from or ``save`` one
     cache at the same time; ``update``, ``merge``, ``clear`` take it exclusively (an

@@ -23,8 +23,10 @@ def draft(tokens, n_draft: int, context: NgramCache, dynamic: NgramCache | None 
     continuation, 0 to ``n_draft`` int32 tokens. The context cache is tried with lax
     thresholds, then the dynamic cache with strict ones, then the static cache; longer
     n-grams first; the static cache re-ranks candidates; drafting stops at the first
-    step where nothing passes. Exactly ``common_ngram_cache_draft``, except that ties
-    go to the candidate first seen latest and scores are computed exactly (no overflow).
+    step where nothing passes. Exactly ``common_ngram_cache_draft`` (ties included: the
+    first tied token in libstdc++'s iteration order of the part, docs/parity.md), except
+    that scores are computed exactly (no overflow) and an n-gram longer than the sequence
+    is not found.
     """
     n_draft = check_int("n_draft", n_draft, 0)
     if n_draft > MAX_DRAFT:  # its own check, so the usual message says ">= 0" alone

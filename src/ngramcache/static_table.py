@@ -31,8 +31,8 @@ class StaticTable:
     ``NgramCache`` holding the same counts.
 
     Every key stores its best continuation (highest count; among equal counts the one
-    first seen latest, the rule drafting uses) with its count and the key's total, so a
-    static-only draft step is one lookup.
+    llama.cpp picks from the lookup.bin of the same counts, docs/parity.md) with its
+    count and the key's total, so a static-only draft step is one lookup.
 
     Nothing can change a table once made, so any number of threads may use one at once.
     A mapped table reads the file lazily: do not truncate or rewrite the file in place
@@ -54,7 +54,9 @@ class StaticTable:
     def build(cls, tokens, ngram_size: int = 2) -> "StaticTable":
         """Count every n-gram of ``tokens`` followed by its next token, as
         ``NgramCache().update(tokens, ngram_size, ngram_size)`` (what llama-lookup-create
-        does with 2-grams), and return the table, in memory; ``save`` writes it."""
+        does with 2-grams), and return the table, in memory; ``save`` writes it. A tie
+        goes as in llama.cpp with the lookup.bin llama-lookup-create writes from the same
+        tokens: that cache saved, then loaded."""
         n = check_int("ngram_size", ngram_size, 1, NGRAM_MAX)
         return cls(_core.StaticTable.build(as_tokens(tokens), n))
 
@@ -71,8 +73,8 @@ class StaticTable:
     def from_llama(cls, path: str | os.PathLike, ngram_size: int | None = None) -> "StaticTable":
         """Import a llama.cpp ``lookup.bin`` (e.g. from ``llama-lookup-create``).
 
-        The counts are exactly those ``NgramCache.load`` reads; on a tie the later token
-        of a record is the best one (what llama.cpp picks). A static cache holds 2-grams
+        The counts are exactly those ``NgramCache.load`` reads; on a tie the best token
+        is the one llama.cpp's map loaded from the file visits first. A static cache holds 2-grams
         only; for a file with several n-gram sizes (a context or dynamic cache) pass
         ``ngram_size`` to keep the keys of one size."""
         n = check_int("ngram_size", ngram_size, 1, NGRAM_MAX, none_ok=True)
@@ -81,7 +83,7 @@ class StaticTable:
     @classmethod
     def from_cache(cls, cache: NgramCache, ngram_size: int = 2) -> "StaticTable":
         """The keys of size ``ngram_size`` of an ``NgramCache``, with its counts; a key's
-        best token follows the cache's first-seen order, as drafting from the cache would."""
+        best token is the one drafting with this cache as the static cache picks."""
         if not isinstance(cache, NgramCache):
             raise TypeError(f"cache must be an NgramCache, got {type(cache).__name__}")
         n = check_int("ngram_size", ngram_size, 1, NGRAM_MAX)
@@ -116,8 +118,8 @@ class StaticTable:
 
     def to_llama(self, path: str | os.PathLike) -> None:
         """Write llama.cpp's ``lookup.bin`` format (atomically), usable as ``-lcs``. Each
-        record lists its best token last, so llama.cpp breaks ties the way this table
-        does. Runs ``verify()`` first, so damage is never exported."""
+        record lists its pairs in an order that makes llama.cpp's loader break a tie
+        toward this table's best token. Runs ``verify()`` first, so damage is never exported."""
         self._impl.save_lookup(os.fspath(path))
 
     def to_llama_bytes(self) -> bytes:
