@@ -87,7 +87,6 @@ TEST(round_trip_keeps_counts_and_order) {
         NgramCache back;
         load(back, img);
         test::check_same(back, r.as_loaded());
-        CHECK(serialize_lookup(back) == img);
     }
 }
 
