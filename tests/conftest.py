@@ -3,13 +3,17 @@ and comparisons, in-process command-line runs, fake and real models."""
 
 from __future__ import annotations
 
+import atexit
+import gzip
 import hashlib
 import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,23 +32,100 @@ from ngramcache.models import default_model_path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _vectors() -> Path | None:
+# --- the reference vectors --------------------------------------------------------------
+# The full set (../shared/vectors, see its README) when it is there; otherwise the compact
+# copy committed under tests/data (see its README), unpacked to plain files, because the
+# core and the command line read them by path. $NGRAMCACHE_VECTORS names the one copy to use,
+# with no fallback: NGRAMCACHE_VECTORS=tests/data tests the compact copy even where the full
+# set is present.
+
+COMPACT_COPY = ROOT / "tests" / "data"
+COMPACT_MANIFEST = "compact.json"
+
+
+def is_full_set(d: Path) -> bool:
+    return (d / "prose.tokens.i32").is_file()
+
+
+def is_compact_copy(d: Path) -> bool:
+    return (d / COMPACT_MANIFEST).is_file()
+
+
+def full_vector_set() -> Path | None:
+    """The full set of reference vectors, if this machine has one (to check the compact copy against)."""
     env = os.environ.get("NGRAMCACHE_VECTORS")
-    for cand in ([Path(env)] if env else []) + [ROOT.parent / "shared" / "vectors", ROOT / "vectors"]:
-        if (cand / "prose.tokens.i32").is_file():
-            return cand
-    return None
+    places = ([Path(env)] if env else []) + [ROOT.parent / "shared" / "vectors", ROOT / "vectors"]
+    return next((d for d in places if is_full_set(d)), None)
 
 
-VECTORS = _vectors()
+def _vectors_source() -> Path | None:
+    env = os.environ.get("NGRAMCACHE_VECTORS")
+    places = [Path(env)] if env else [ROOT.parent / "shared" / "vectors", ROOT / "vectors", COMPACT_COPY]
+    return next((d for d in places if is_full_set(d) or is_compact_copy(d)), None)
+
+
+def read_vector_bytes(path: Path) -> bytes:
+    """A vector file's contents, gunzipped when its name ends in .gz."""
+    data = Path(path).read_bytes()
+    return gzip.decompress(data) if str(path).endswith(".gz") else data
+
+
+def _unpack(compact: Path, manifest: dict) -> Path:
+    """The compact copy under the full set's file names, gunzipped, in a temporary directory
+    removed at exit. The drafters' logs stay gzipped, as in the full set."""
+    dest = Path(tempfile.mkdtemp(prefix="ngramcache-vectors-"))
+    atexit.register(shutil.rmtree, dest, ignore_errors=True)
+    for name, entry in manifest["files"].items():
+        stored = compact / entry["stored"]
+        data = read_vector_bytes(stored) if entry["stored"] == name + ".gz" else stored.read_bytes()
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_bytes(data)
+    return dest
+
+
+VECTORS_SOURCE = _vectors_source()
+# The compact copy's manifest when the tests run on it, else None.
+COMPACT = (json.loads((VECTORS_SOURCE / COMPACT_MANIFEST).read_text())
+           if VECTORS_SOURCE is not None and is_compact_copy(VECTORS_SOURCE) else None)
+VECTORS = _unpack(VECTORS_SOURCE, COMPACT) if COMPACT is not None else VECTORS_SOURCE
 
 
 @pytest.fixture(scope="session")
 def vectors_dir() -> Path:
-    """The llama.cpp reference vectors (../shared/vectors, or $NGRAMCACHE_VECTORS)."""
+    """The llama.cpp reference vectors as plain files: ../shared/vectors, the compact copy
+    in tests/data, or $NGRAMCACHE_VECTORS."""
     if VECTORS is None:
-        pytest.skip("reference vectors not found (set NGRAMCACHE_VECTORS)")
+        pytest.skip("reference vectors not found (../shared/vectors or tests/data; or set NGRAMCACHE_VECTORS)")
     return VECTORS
+
+
+def jsonl_bytes(rows) -> bytes:
+    """Rows written as the vectors' JSON-lines files are: json.dumps' defaults, one a line."""
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+def full_rows_sha256(name: str) -> str:
+    """SHA-256 of all the rows of the full set's JSON-lines file `name` (uncompressed): from
+    the compact copy's manifest where it keeps only some rows, else hashed from the file. A
+    replay's own rows, written with jsonl_bytes, hash to it exactly when every position is
+    llama.cpp's, the positions the compact copy leaves out included."""
+    entry = COMPACT["files"][name] if COMPACT is not None else {}
+    if "rows_sha256" in entry:
+        return entry["rows_sha256"]
+    return hashlib.sha256(read_vector_bytes(VECTORS / name)).hexdigest()
+
+
+def read_drafts(path) -> dict[int, list[int]]:
+    """pos -> llama.cpp's draft, for each row of a prose.drafts.*.jsonl log: every position
+    in the full set, some of them in the compact copy."""
+    with open(path) as f:
+        return {row["pos"]: row["draft"] for row in map(json.loads, f)}
+
+
+def drafts_sha256(drafts: list) -> str:
+    """SHA-256 of a replay's drafts (at pos 1, 2, ...) written as a prose.drafts.*.jsonl log."""
+    rows = ({"pos": pos, "draft": d} for pos, d in enumerate(drafts, start=1))
+    return hashlib.sha256(jsonl_bytes(rows)).hexdigest()
 
 
 # --- the pure-Python model: strategies and comparisons for the cache and draft() tests ---

@@ -171,7 +171,7 @@ def test_quiet_and_progress_to_stderr(vectors_dir, tmp_path, capsys, monkeypatch
 
 
 @pytest.fixture(scope="module")
-def tiny_hf_json(tmp_path_factory):
+def tiny_hf_json(tmp_path_factory, vectors_dir):
     """A small byte-level BPE tokenizer.json, trained on the reference prose."""
     pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -179,7 +179,7 @@ def tiny_hf_json(tmp_path_factory):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    text = (Path(__file__).resolve().parents[1].parent / "shared" / "vectors" / "prose.txt").read_text()
+    text = (vectors_dir / "prose.txt").read_text()
     tok.train_from_iterator([text[:50_000]], trainer=trainer)
     path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
     tok.save(str(path))
