@@ -282,6 +282,26 @@ def test_stopping_criteria_exact(tiny):
     assert torch.equal(out, ref)
 
 
+def test_num_drafting_tokens_bounds_every_draft(tiny):
+    # transformers reads it before the first step (recurrent caches keep that many steps)
+    assert hf.DrafterCandidateGenerator(nc.PromptLookupDrafter(n_draft=10)).num_drafting_tokens == 10
+    assert hf.DrafterCandidateGenerator(nc.PromptLookupDrafter(n_draft=10), n_max=3).num_drafting_tokens == 3
+    ids = prompt_ids()
+    ref = plain(tiny, ids, max_new_tokens=30)
+    lengths = []
+
+    class Measuring(hf.DrafterCandidateGenerator):
+        def get_candidates(self, input_ids, **kwargs):
+            out, logits = super().get_candidates(input_ids, **kwargs)
+            lengths.append(out.shape[1] - input_ids.shape[1])
+            return out, logits
+
+    gen = Measuring(nc.OracleDrafter(ref[0, ids.shape[1]:].numpy(), n_draft=16), n_max=5)
+    out = hf.generate(tiny, ids, gen, max_new_tokens=30, do_sample=False)
+    assert torch.equal(out, ref)
+    assert max(lengths) == gen.num_drafting_tokens == 5
+
+
 # --- the drafter is fed incrementally --------------------------------------------------
 
 

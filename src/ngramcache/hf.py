@@ -157,6 +157,14 @@ class DrafterCandidateGenerator(CandidateGenerator):
         """The wrapped drafter's counters."""
         return self.drafter.stats
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most tokens one draft can hold: ``n_max``, else the drafter's ``n_draft``
+        (8 for a drafter without one). transformers reads it before the first step (a cache
+        with recurrent layers keeps that many steps of state so a rejected draft can be
+        rolled back)."""
+        return self.n_max if self.n_max is not None else int(getattr(self.drafter, "n_draft", 8))
+
     def reset_counters(self) -> None:
         """Zero ``resets``, ``steps`` and ``draft_seconds``, and forget the sequence (the
         next call restarts the drafter)."""
@@ -195,7 +203,7 @@ class DrafterCandidateGenerator(CandidateGenerator):
         ids = self._row(input_ids)
         self._sync(ids)
         self.steps += 1
-        n = self.n_max if self.n_max is not None else getattr(self.drafter, "n_draft", 8)
+        n = self.num_drafting_tokens
         if self.max_length is not None:
             n = min(n, self.max_length - int(ids.size) - 1)
         out = input_ids
