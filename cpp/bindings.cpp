@@ -3,6 +3,7 @@
 // validated every argument (ngramcache._validate) and passes token arrays as C-contiguous
 // int32, which the core reads in place. Locking is the core's (shared_cache.hpp).
 #include <pybind11/numpy.h>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -153,11 +155,22 @@ ReplayProgress progress_callback(const py::object& progress) {
 // The replay runs without the GIL; the progress callback takes it back to call Python
 // and to let Ctrl-C stop the replay.
 ReplayResult replay_py(const Tokens& tokens, size_t n_ctx, size_t n_draft, const py::object& static_obj,
-                       SharedCache* dynamic, bool update_dynamic, const py::object& progress, bool llama_oob) {
+                       SharedCache* dynamic, bool update_dynamic, const py::object& progress, bool llama_oob,
+                       const std::optional<Tokens>& oob_reads) {
     ReplayOptions opt;
     opt.n_ctx = n_ctx;
     opt.n_draft = n_draft;
     opt.llama_oob = llama_oob;
+    if (oob_reads) {  // rows of (S[-2], S[-1], S[-1] once grown, S[-1] before 3), checked by the caller
+        const Tokens& a = *oob_reads;
+        if (a.ndim() != 2 || a.shape(1) != 4) throw std::invalid_argument("oob_reads must have shape (n_chunks, 4)");
+        const int32_t* v = a.data();
+        opt.oob_reads.resize(static_cast<size_t>(a.shape(0)));
+        for (auto& r : opt.oob_reads) {
+            r.before2[0] = v[0], r.before2[1] = v[1], r.before2_grown = v[2], r.before3 = v[3];
+            v += 4;
+        }
+    }
     const StaticSource st = static_source(static_obj);
     const ReplayProgress cb = progress_callback(progress);
     try {
@@ -360,7 +373,7 @@ void register_replay(py::module_& m) {
     fixed("accepted_by_ngram", &ReplayResult::accepted_by_ngram);
 
     m.def("replay", &replay_py, "tokens"_a, "n_ctx"_a, "n_draft"_a, "static"_a.none(true), "dynamic"_a.none(true),
-          "update_dynamic"_a, "progress"_a.none(true), "llama_oob"_a = true);
+          "update_dynamic"_a, "progress"_a.none(true), "llama_oob"_a = true, "oob_reads"_a = py::none());
 }
 
 // ---------------------------------------------------------------------------------

@@ -106,20 +106,39 @@ def _try_static(static: Cache, key: tuple):
 
 
 # What llama.cpp reads before the start of a 2- or 3-token sequence (glibc's heap header
-# of its draft vector, see docs/parity.md): the tokens that precede the sequence then.
-LLAMA_OOB_BEFORE = {2: (0, 33), 3: (0,)}
+# of its draft vector, see docs/parity.md), as (S[-2], S[-1] before a 2-token sequence;
+# S[-1] there once one token is drafted and the draft vector has grown into a new buffer;
+# S[-1] before a 3-token sequence). These are what it usually reads.
+LLAMA_OOB_READS = (0, 33, 33, 0)
+
+
+def oob_prefix(n_inp: int, reads) -> list[int]:
+    """The tokens llama.cpp's keys see before a sequence of n_inp tokens."""
+    if not reads:
+        return []
+    return {2: [reads[0], reads[1]], 3: [reads[3]]}.get(n_inp, [])
+
+
+def oob_grown(seq: list[int], n_inp: int, n_out: int, reads) -> None:
+    """After the first drafted token of a 2-token sequence the slot before it is read from
+    the draft vector's new buffer."""
+    if reads and n_inp == 2 and n_out == 1:
+        seq[-4] = reads[2]
 
 
 def draft(tokens, n_draft: int, context: Cache, dynamic: Cache | None = None, static: Cache | None = None,
-          ngram_min: int = 1, ngram_max: int = 4, llama_oob: bool = False) -> list[int]:
-    """common_ngram_cache_draft with draft = [tokens[-1]]: the drafted continuation."""
+          ngram_min: int = 1, ngram_max: int = 4, llama_oob=False) -> list[int]:
+    """common_ngram_cache_draft with draft = [tokens[-1]]: the drafted continuation.
+    ``llama_oob``: False (keys before the start are not found), True (LLAMA_OOB_READS) or
+    a 4-tuple of reads in that layout."""
     dynamic = {} if dynamic is None else dynamic
     static = {} if static is None else static
     seq = [int(t) for t in tokens]
-    if len(seq) < NGRAM_STATIC:
+    n_inp = len(seq)
+    if n_inp < NGRAM_STATIC:
         return []
-    if llama_oob and len(seq) in LLAMA_OOB_BEFORE:
-        seq = list(LLAMA_OOB_BEFORE[len(seq)]) + seq
+    reads = LLAMA_OOB_READS if llama_oob is True else llama_oob
+    seq = oob_prefix(n_inp, reads) + seq
     out: list[int] = []
     while len(out) < n_draft:
         key_static = tuple(seq[-NGRAM_STATIC:])
@@ -134,6 +153,7 @@ def draft(tokens, n_draft: int, context: Cache, dynamic: Cache | None = None, st
             break
         out.append(tok)
         seq.append(tok)  # the virtual sequence inp ++ draft[1:]
+        oob_grown(seq, n_inp, len(out), reads)
     return out
 
 

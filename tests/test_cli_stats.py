@@ -71,6 +71,51 @@ def run_cli(capsys, *argv):
     return rc, out, err
 
 
+# --- parity on repetitive text: llama-lookup-stats on small-static.txt ---------------------
+# Six runs of the real tool (llama.cpp of llama-cpp-python 0.3.36, SmolLM2's tokenizer), with
+# what each read before every chunk's start (docs/parity.md): its figures follow exactly from
+# ngramcache's replay given those reads. PROSE_LCS is the lookup.bin llama-lookup-create
+# writes from prose.txt, which `create --format llama` writes byte for byte.
+
+LLAMA_RUNS = json.loads((Path(__file__).parent / "llama_runs" / "lookup-stats-small-static.json").read_text())["runs"]
+
+
+@pytest.fixture(scope="module")
+def prose_lcs(vectors_dir, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("lcs") / "prose.lcs.bin"
+    assert cli_main(["create", "--tokens", str(vectors_dir / "prose.tokens.i32"), "--format", "llama",
+                     "-lcs", str(path), "-q"]) == 0
+    return path
+
+
+def run_argv(run, prose_lcs) -> list:
+    return run["flags"].replace("PROSE_LCS", str(prose_lcs)).split()
+
+
+@pytest.mark.parametrize("run", LLAMA_RUNS, ids=[r["flags"].replace(" ", "") for r in LLAMA_RUNS])
+def test_parity_on_repetitive_text(vectors_dir, prose_lcs, capsys, run):
+    tokens = vectors_dir / "small-static.tokens.i32"
+    argv = run_argv(run, prose_lcs)
+    n_ctx = int(argv[argv.index("-c") + 1])
+    n_draft = int(argv[argv.index("--spec-draft-n-max") + 1])
+    static = prose_lcs if "-lcs" in argv else None
+    reads = np.array(run["oob_reads"])
+    assert reads.shape == ((np.fromfile(tokens, dtype="<i4").size - 1) // n_ctx, 4)
+    got = nc.replay(np.fromfile(tokens, dtype="<i4"), n_ctx, n_draft, static=static, llama_oob=reads)
+    assert (got.n_drafted, got.n_accept) == (run["n_drafted"], run["n_accept"])
+    # The command line reads the usual values there. In these runs llama.cpp read others
+    # (32 for 33, another chunk's bytes for 0) at some chunk starts; with 512-token chunks
+    # a few of those reads made a key that exists, so the usual values draft a few tokens
+    # more there, none of them accepted.
+    assert cli_main(["stats", "--tokens", str(tokens), "-q"] + argv) == 0
+    usual = summary_numbers(capsys.readouterr().out)
+    assert usual["n_accept"] == run["n_accept"]
+    if n_ctx == 4096:
+        assert usual["n_drafted"] == run["n_drafted"]
+    else:
+        assert 0 < usual["n_drafted"] - run["n_drafted"] <= 5
+
+
 def test_cli_json(vectors_dir, capsys):
     rc, out, err = run_cli(capsys, "--tokens", vectors_dir / "prose.tokens.i32", "-c", 4096, "--spec-draft-n-max", 8,
                            "-lcs", vectors_dir / STATIC_FILE, "-lcd", vectors_dir / DYNAMIC_FILE, "--json", "-q")

@@ -211,8 +211,9 @@ def ref_attribute(seq, ctx, dyn, static):
     return "static", 2
 
 
-def ref_replay(tokens, n_ctx, n_draft, static=None, dynamic=None) -> dict:
-    """The loop of spec §2.5 on the reference model, with every extra figure."""
+def ref_replay(tokens, n_ctx, n_draft, static=None, dynamic=None, oob_reads=None) -> dict:
+    """The loop of spec §2.5 on the reference model, with every extra figure.
+    ``oob_reads``: a row of llama.cpp's out-of-bounds reads per chunk (default: the usual ones)."""
     tokens = [int(t) for t in tokens]
     static = static or {}
     dyn = copy.deepcopy(dynamic) if dynamic else {}
@@ -228,11 +229,13 @@ def ref_replay(tokens, n_ctx, n_draft, static=None, dynamic=None) -> dict:
         ctx: dict = {}
         out = [sl[0]]
         while len(out) < n_ctx:
-            d = ref.draft(out, n_draft, ctx, dyn, static, llama_oob=True)
-            seq, origin = list(ref.LLAMA_OOB_BEFORE.get(len(out), ())) + out, []
-            for tok in d:
+            reads = ref.LLAMA_OOB_READS if oob_reads is None else tuple(oob_reads[r["n_chunks"]])
+            d = ref.draft(out, n_draft, ctx, dyn, static, llama_oob=reads)
+            seq, origin = ref.oob_prefix(len(out), reads) + out, []
+            for k, tok in enumerate(d):
                 origin.append(ref_attribute(seq, ctx, dyn, static))
                 seq.append(tok)
+                ref.oob_grown(seq, len(out), k + 1, reads)
             r["n_steps"] += 1
             r["n_drafted"] += len(d)
             r["draft_length_hist"][len(d)] += 1
@@ -294,6 +297,32 @@ def test_replay_matches_reference(text, n_ctx, n_draft, static_text, dynamic_tex
     got = {k: getattr(s, k) for k in expect}
     assert got == expect
     check_consistent(s)
+
+
+def test_replay_with_recorded_reads_matches_reference():
+    """Reads drawn from the streams' own alphabet, so that the keys reaching before a
+    chunk's start are found (in the dynamic cache the chunks merge into), including the
+    slot read again once the draft vector has grown; the model must agree every time."""
+    rng = np.random.default_rng(20261204)
+    reads_mattered = grown_mattered = 0
+    for _ in range(250):
+        n_ctx = int(rng.integers(2, 13))
+        text = rng.integers(0, 4, int(rng.integers(n_ctx + 1, 200))).tolist()
+        reads = rng.integers(0, 5, ((len(text) - 1) // n_ctx, 4))
+        n_draft = int(rng.integers(1, 6))
+        expect = ref_replay(text, n_ctx, n_draft, oob_reads=reads.tolist())
+        s = nc.replay(np.array(text), n_ctx, n_draft, llama_oob=reads)
+        assert {k: getattr(s, k) for k in expect} == expect
+        check_consistent(s)
+        unread = nc.replay(np.array(text), n_ctx, n_draft, llama_oob=False)
+        same_slot = reads.copy()
+        same_slot[:, 2] = same_slot[:, 1]
+        regrown = nc.replay(np.array(text), n_ctx, n_draft, llama_oob=same_slot)
+        figures = lambda r: (r.n_drafted, r.n_accept, r.drafted_by_ngram, r.accepted_by_ngram)  # noqa: E731
+        reads_mattered += figures(unread) != figures(s)
+        grown_mattered += figures(regrown) != figures(s)
+    # not vacuous: both kinds of read changed some replays
+    assert reads_mattered >= 20 and grown_mattered >= 3
 
 
 # --- progress, threads -----------------------------------------------------------------

@@ -397,6 +397,32 @@ TEST(ngram_longer_than_the_sequence_is_not_found) {
     CHECK_EQ(run_plain({13}, 3, ctx).tokens.size(), size_t(0));
 }
 
+// llama.cpp's keys that reach before a 2- or 3-token sequence read its heap (draft.hpp):
+// given those reads, the keys are found; the slot read once the draft vector has grown is
+// a read of its own.
+TEST(keys_before_the_start_read_what_llama_cpp_reads) {
+    NgramCache ctx;
+    put(ctx, {7, 8, 12, 13}, {{20, 1}});
+    put(ctx, {9, 12, 13, 20}, {{21, 1}});
+    put(ctx, {6, 12, 13, 14}, {{22, 1}});
+    std::vector<token_t> out(4);
+    LlamaOobReads reads;
+    reads.before2[0] = 7, reads.before2[1] = 8, reads.before2_grown = 9, reads.before3 = 6;
+    const token_t two[2] = {12, 13}, three[3] = {12, 13, 14};
+    CHECK_EQ(draft(two, 2, 3, 1, 4, ctx, nullptr, NoStatic{}, out.data(), nullptr, &reads), size_t(2));
+    CHECK_EQ(out[0], 20);
+    CHECK_EQ(out[1], 21);
+    CHECK_EQ(draft(three, 3, 3, 1, 4, ctx, nullptr, NoStatic{}, out.data(), nullptr, &reads), size_t(1));
+    CHECK_EQ(out[0], 22);
+    // the grown buffer's slot read as the first one: (8 12 13 20) is not a key
+    reads.before2_grown = 8;
+    CHECK_EQ(draft(two, 2, 3, 1, 4, ctx, nullptr, NoStatic{}, out.data(), nullptr, &reads), size_t(1));
+    // the usual reads (33, 0) find none of these keys, and without reads nothing is found
+    const LlamaOobReads usual;
+    CHECK_EQ(draft(two, 2, 3, 1, 4, ctx, nullptr, NoStatic{}, out.data(), nullptr, &usual), size_t(0));
+    CHECK_EQ(draft(two, 2, 3, 1, 4, ctx, nullptr, NoStatic{}, out.data()), size_t(0));
+}
+
 TEST(fewer_than_two_tokens_or_zero_n_draft_draft_nothing) {
     NgramCache ctx, dyn, st;
     put(ctx, {13}, {{20, 9}});

@@ -99,7 +99,7 @@ class ReplayResult:
 
 def replay(tokens: Tokens, n_ctx: int, n_draft: int, static: StaticSource, dynamic: Optional[NgramCache],
            update_dynamic: bool, progress: Optional[Callable[[int, int], object]],
-           llama_oob: bool = True) -> ReplayResult: ...
+           llama_oob: bool = True, oob_reads: Optional[np.ndarray] = None) -> ReplayResult: ...
 
 class CopyDrafter:
     def __init__(self, context: Optional[NgramCache], dynamic: Optional[NgramCache], static: StaticSource,

@@ -283,8 +283,23 @@ def _stats_from(r: _core.ReplayResult, **fields) -> ReplayStats:
     return ReplayStats(**fields)
 
 
+def _oob_reads(values, n_chunks: int) -> np.ndarray:
+    """``llama_oob`` given as what llama.cpp read before each chunk: (n_chunks, 4) int32."""
+    try:
+        a = np.asarray(values)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"llama_oob must be True, False or an integer array of shape (chunks, 4) ({e})") from None
+    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"llama_oob must be True, False or an integer array of shape (chunks, 4), got dtype {a.dtype}")
+    if a.shape != (n_chunks, 4):
+        raise ValueError(f"llama_oob: expected one row of 4 reads per chunk, shape ({n_chunks}, 4), got {a.shape}")
+    if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
+        raise ValueError("llama_oob: the reads are 32-bit tokens, a value is out of the int32 range")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
 def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_dynamic: bool = False,
-           progress: Callable[[int, int], object] | None = None, llama_oob: bool = True) -> ReplayStats:
+           progress: Callable[[int, int], object] | None = None, llama_oob=True) -> ReplayStats:
     """Replay ``tokens`` as llama-lookup-stats does and return the statistics.
 
     ``tokens`` are cut into chunks of ``n_ctx``; each chunk is replayed from an empty
@@ -304,8 +319,11 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
     the end; an exception it raises (or Ctrl-C) stops the replay and propagates.
     ``llama_oob``: at a chunk's second and third token, llama.cpp's 3- and 4-gram keys
     reach before the chunk's start and read its heap there (docs/parity.md); True reads
-    what that read gives on glibc (33 right before a 2-token start, 0 before that and
-    before a 3-token start), False treats those keys as not found.
+    what that read usually gives on glibc (33 right before a 2-token start, 0 before that
+    and before a 3-token start), False treats those keys as not found. An integer array of
+    shape (chunks, 4) gives what one run of llama.cpp read before each chunk instead (as
+    recorded by an instrumented build, docs/parity.md): the tokens before a 2-token start
+    (S[-2], S[-1]), S[-1] there after one drafted token, and S[-1] before a 3-token start.
     """
     n_ctx = check_int("n_ctx", n_ctx, 2)
     n_draft = check_int("n_draft", n_draft, 0)
@@ -326,6 +344,10 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
         raise TypeError(f"dynamic must be None, a path or an NgramCache, got {type(dynamic).__name__}")
     if update_dynamic and dynamic is None:
         raise ValueError("update_dynamic=True needs a dynamic cache")
+    oob_reads = None
+    if not isinstance(llama_oob, (bool, np.bool_)):
+        oob_reads = _oob_reads(llama_oob, (arr.size - 1) // n_ctx)
+        llama_oob = True
 
     static_load_s = dynamic_load_s = None
     if isinstance(static, (str, os.PathLike)):
@@ -340,7 +362,8 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
         static_kind = "none"
 
     r = _core.replay(arr, n_ctx, n_draft, None if static is None else static._impl,
-                     None if dynamic is None else dynamic._impl, bool(update_dynamic), progress, bool(llama_oob))
+                     None if dynamic is None else dynamic._impl, bool(update_dynamic), progress, bool(llama_oob),
+                     oob_reads)
     n_input = int(arr.size)
     return _stats_from(r, n_draft=n_draft, n_ctx=n_ctx, n_input=n_input, n_predict=n_input - n_input % n_ctx,
                        t_draft_flat=(static_load_s or 0.0) + (dynamic_load_s or 0.0), static_kind=static_kind,

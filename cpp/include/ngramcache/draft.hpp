@@ -145,35 +145,42 @@ inline bool try_primary(const NgramCache& cache, const token_t* window, int wind
 
 // What llama.cpp reads before the start of a 2- or 3-token sequence, where its keys of 3
 // and 4 tokens reach out of bounds (spec §1.3, hazard 3): get_token() indexes its `draft`
-// vector at -n_inp and -n_inp-1, which is the size word of glibc's malloc chunk header of
-// that 32-byte buffer (x86-64, arm64): 33 (32 with the in-use bit of the chunk before
-// it; 32 when that chunk is free, which depends on the process's heap) right before a
-// 2-token sequence, and 0 (the upper half of the header's prev_size word) before that
-// and right before a 3-token sequence.
-constexpr token_t kLlamaOobBefore2[2] = {0, 33};  // ..., S[-2], S[-1] for n_inp == 2
-constexpr token_t kLlamaOobBefore3 = 0;           // S[-1] for n_inp == 3
+// vector at -n_inp and -n_inp-1, inside glibc's malloc header of that 32-byte buffer
+// (x86-64, arm64). The defaults are what that header usually holds: its size word 33 (32
+// with the in-use bit of the chunk before it) right before a 2-token sequence, and 0 (the
+// upper half of the prev_size word) before that and right before a 3-token sequence. What a
+// given run reads depends on its heap (docs/parity.md): 32 when the chunk before is free,
+// and the last bytes of that chunk's data in the prev_size word when it is in use.
+struct LlamaOobReads {
+    token_t before2[2] = {0, 33};  // S[-2], S[-1] before a 2-token sequence
+    // S[-1] there once one token is drafted: the draft vector grew into a new buffer,
+    // whose header is read instead
+    token_t before2_grown = 33;
+    token_t before3 = 0;           // S[-1] before a 3-token sequence
+};
 
 // Drafts up to n_draft tokens after inp[0..n_inp-1] (its last token is the newest one,
 // llama.cpp's draft[0]). Writes them to `out` and returns how many; `steps`, if given,
-// receives where each drafted token came from. `llama_oob`: keys that reach before the
-// start read the tokens above, as llama.cpp's build does (else they are not found).
+// receives where each drafted token came from. `oob`: keys that reach before the start
+// read those tokens, as llama.cpp's build does (nullptr: such keys are not found).
 template <class Static>
 inline size_t draft(const token_t* inp, size_t n_inp, size_t n_draft, int ngram_min, int ngram_max,
                     const NgramCache& context, const NgramCache* dynamic, const Static& st,
-                    token_t* out, DraftStep* steps = nullptr, bool llama_oob = false) {
+                    token_t* out, DraftStep* steps = nullptr, const LlamaOobReads* oob = nullptr) {
     NgramCache::check_sizes(ngram_min, ngram_max);
     if (n_inp < static_cast<size_t>(kNgramStatic)) return 0;
     // The last kNgramMax tokens of the virtual sequence inp ++ out.
     token_t window[kNgramMax];
     int window_len = n_inp < size_t(kNgramMax) ? int(n_inp) : kNgramMax;
     for (int i = 0; i < window_len; ++i) window[i] = inp[n_inp - window_len + i];
-    if (llama_oob && window_len < kNgramMax) {
+    const bool reads_before_2 = oob != nullptr && n_inp == 2;
+    if (oob != nullptr && window_len < kNgramMax) {
         if (n_inp == 2) {
             window[2] = inp[0], window[3] = inp[1];
-            window[0] = kLlamaOobBefore2[0], window[1] = kLlamaOobBefore2[1];
+            window[0] = oob->before2[0], window[1] = oob->before2[1];
         } else {  // n_inp == 3
             window[1] = inp[0], window[2] = inp[1], window[3] = inp[2];
-            window[0] = kLlamaOobBefore3;
+            window[0] = oob->before3;
         }
         window_len = kNgramMax;
     }
@@ -203,6 +210,7 @@ inline size_t draft(const token_t* inp, size_t n_inp, size_t n_draft, int ngram_
         } else {
             for (int i = 0; i + 1 < kNgramMax; ++i) window[i] = window[i + 1];
             window[kNgramMax - 1] = tok;
+            if (reads_before_2 && n == 1) window[0] = oob->before2_grown;
         }
     }
     return n;

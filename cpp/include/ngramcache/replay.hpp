@@ -31,8 +31,10 @@ constexpr int64_t kProgressEvery = 100000;    // tokens between progress callbac
 struct ReplayOptions {
     size_t n_ctx = 4096;
     size_t n_draft = 3;
-    // Keys reaching before a chunk's start read what llama.cpp reads there (draft.hpp).
+    // Keys reaching before a chunk's start read what llama.cpp reads there (draft.hpp):
+    // oob_reads[c] before chunk c, the defaults of LlamaOobReads past its end.
     bool llama_oob = false;
+    std::vector<LlamaOobReads> oob_reads;
 };
 
 struct ReplayResult {
@@ -158,16 +160,19 @@ ReplayResult replay(const token_t* inp, size_t n_input, const ReplayOptions& opt
     std::vector<DraftStep> steps(n_draft + 1);
     int64_t next_report = kProgressEvery;
 
+    const LlamaOobReads default_oob;
     const auto t_loop = clock::now();
     for (size_t c = 0; c < n_chunks; ++c) {
         const token_t* slice = inp + c * n_ctx;
         const int64_t done_before = static_cast<int64_t>(c * n_ctx);
+        const LlamaOobReads* oob =
+            !opt.llama_oob ? nullptr : c < opt.oob_reads.size() ? &opt.oob_reads[c] : &default_oob;
         out.clear();
         out.push_back(slice[0]);
         while (out.size() < n_ctx) {
             auto t0 = clock::now();
             const size_t nd = draft(out.data(), out.size(), n_draft, 1, kNgramMax, context, &dynamic,
-                                    st, drafted.data(), steps.data(), opt.llama_oob);
+                                    st, drafted.data(), steps.data(), oob);
             r.t_draft_ns += detail::elapsed_ns(t0);
             ++r.n_steps;
             r.n_drafted += static_cast<int64_t>(nd);
