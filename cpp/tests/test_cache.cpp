@@ -224,6 +224,35 @@ TEST(merge_matches_reference_on_random_caches) {
     }
 }
 
+// Without llama.cpp's key order (a private copy's merges): the same keys, and every part
+// the same tokens in the same order with the same counts; only the order of new keys differs.
+TEST(merge_in_own_key_order_gives_the_same_parts) {
+    std::mt19937 rng(6);
+    for (int round = 0; round < 10; ++round) {
+        set_note("round " + std::to_string(round));
+        const token_t vocab = round % 2 == 0 ? 4 : 40;
+        NgramCache llama_order, own_order;
+        for (int chunk = 0; chunk < 4; ++chunk) {  // a dynamic cache absorbing chunks, as in replay
+            const Tokens t = test::random_stream(rng, 50 + rng() % 300, vocab);
+            NgramCache context;
+            context.update(t.data(), t.size(), 1, 4, t.size());
+            llama_order.merge(context);
+            own_order.merge(context, false);
+        }
+        CHECK_EQ(own_order.size(), llama_order.size());
+        for (size_t i = 0; i < own_order.size(); ++i) {
+            const Part* other = llama_order.find(own_order.key_at(i));
+            CHECK(other != nullptr);
+            const Part& p = own_order.part_at(i);
+            CHECK_EQ(p.size(), other->size());
+            for (uint32_t j = 0; j < p.size(); ++j) {
+                CHECK_EQ(p[j].token, (*other)[j].token);
+                CHECK_EQ(p[j].count, (*other)[j].count);
+            }
+        }
+    }
+}
+
 TEST(merge_with_itself_doubles) {
     std::mt19937 rng(5);
     const Tokens a = test::random_stream(rng, 3000, 30);

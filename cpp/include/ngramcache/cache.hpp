@@ -226,7 +226,11 @@ public:
     // order and all, as llama.cpp copies the map); a key already here receives `add`'s
     // tokens in the order llama.cpp's map of that part visits them, which is the order new
     // tokens get appended in (and later ties read).
-    void merge(const NgramCache& add) {
+    // `llama_key_order` false walks `add` in its own order instead, which saves working out
+    // llama.cpp's: every part ends up the same (drafts never depend on the order of keys),
+    // only the order of the keys new here differs, which a later save or merge of this
+    // cache would show. For a cache that is thrown away afterwards.
+    void merge(const NgramCache& add, bool llama_key_order = true) {
         if (&add == this) {  // doubling: iterate over a snapshot of the sizes
             for (size_t i = 0; i < keys_.size(); ++i) {
                 Part& p = part_ref(i);
@@ -236,15 +240,23 @@ public:
             return;
         }
         reserve(keys_.size() + add.size());
-        for (uint32_t i : add.llama_key_order()) {
+        auto merge_key = [&](uint32_t i) {
             const Part& src = add.part_at(i);
             Part& dst = get_or_insert(add.key_at(i));
             if (dst.size() == 0 || src.size() < 2) {
                 for (const Entry& e : src) dst.add(e.token, e.count);
             } else {
-                for (uint32_t j : libstdcxx::part_order(src.size(), [&](size_t k) { return src[uint32_t(k)].token; }))
-                    dst.add(src[j].token, src[j].count);
+                libstdcxx::visit_in_order(src.size(), [&](size_t k) { return src[uint32_t(k)].token; },
+                                          [&](size_t k) {
+                                              dst.add(src[uint32_t(k)].token, src[uint32_t(k)].count);
+                                              return false;
+                                          });
             }
+        };
+        if (llama_key_order) {
+            for (uint32_t i : add.llama_key_order()) merge_key(i);
+        } else {
+            for (uint32_t i = 0; i < add.keys_.size(); ++i) merge_key(i);
         }
     }
 

@@ -158,29 +158,54 @@ private:
     uint64_t next_resize_ = 0; // 0: nothing allocated yet (the first insertion allocates 13)
 };
 
+// Calls visit(i) for the indices of `tokens` (distinct, inserted into an
+// unordered_map<int32_t, V> in this order) in the map's iteration order, until visit
+// returns true; returns that index, or n. Parts of up to 13 tokens (nearly all of them)
+// have never been rehashed: the map visits the runs of its 13 buckets in the order they
+// were first filled, newest first, and each run newest first. That needs no list and no
+// allocation; larger parts replay the insertions into a NodeList.
+template <class TokenAt, class Visit>
+size_t visit_in_order(size_t n, TokenAt token_at, Visit visit) {
+    constexpr size_t kFirstBuckets = 13;  // kBucketChain[0]: no rehash up to this many nodes
+    if (n <= kFirstBuckets) {
+        uint8_t bucket[kFirstBuckets];
+        uint8_t filled[kFirstBuckets];  // buckets in the order they were first filled
+        uint16_t seen = 0;
+        size_t n_filled = 0;
+        for (size_t i = 0; i < n; ++i) {
+            bucket[i] = static_cast<uint8_t>(token_hash(token_at(i)) % kFirstBuckets);
+            if (!(seen >> bucket[i] & 1u)) seen |= uint16_t(1u << bucket[i]), filled[n_filled++] = bucket[i];
+        }
+        for (size_t k = n_filled; k-- > 0;)
+            for (size_t i = n; i-- > 0;)
+                if (bucket[i] == filled[k] && visit(i)) return i;
+        return n;
+    }
+    NodeList list;
+    list.reserve(n);
+    for (size_t i = 0; i < n; ++i) list.insert(token_hash(token_at(i)));
+    for (uint32_t i : list.order())
+        if (visit(i)) return i;
+    return n;
+}
+
 // Iteration order (as indices into `tokens`) of an unordered_map<int32_t, V> into which
 // `tokens` (distinct) were inserted in this order.
 template <class TokenAt>
 std::vector<uint32_t> part_order(size_t n, TokenAt token_at) {
-    if (n <= 2) return n == 2 ? std::vector<uint32_t>{1, 0} : std::vector<uint32_t>(n, 0);
-    NodeList list;
-    list.reserve(n);
-    for (size_t i = 0; i < n; ++i) list.insert(token_hash(token_at(i)));
-    return list.order();
+    std::vector<uint32_t> out;
+    out.reserve(n);
+    visit_in_order(n, token_at, [&](size_t i) {
+        out.push_back(static_cast<uint32_t>(i));
+        return false;
+    });
+    return out;
 }
 
-// The first index in that iteration order for which `pick(i)` holds (n if none), without
-// building the list when the answer is forced: with two nodes the newer one comes first.
+// The first index in that iteration order for which `pick(i)` holds (n if none).
 template <class TokenAt, class Pick>
 size_t first_in_order(size_t n, TokenAt token_at, Pick pick) {
-    if (n <= 2) {
-        for (size_t i = n; i-- > 0;)
-            if (pick(i)) return i;
-        return n;
-    }
-    for (uint32_t i : part_order(n, token_at))
-        if (pick(i)) return i;
-    return n;
+    return visit_in_order(n, token_at, pick);
 }
 
 // The iteration order of the same part after llama.cpp saved it to a lookup.bin and

@@ -35,6 +35,9 @@ struct ReplayOptions {
     // oob_reads[c] before chunk c, the defaults of LlamaOobReads past its end.
     bool llama_oob = false;
     std::vector<LlamaOobReads> oob_reads;
+    // Whether the dynamic cache's keys must end in llama.cpp's order (it is given back to
+    // the caller); false for a private copy, whose order no draft depends on.
+    bool dynamic_key_order = true;
 };
 
 struct ReplayResult {
@@ -208,7 +211,7 @@ ReplayResult replay(const token_t* inp, size_t n_input, const ReplayOptions& opt
                 next_report = done + kProgressEvery;
             }
         }
-        dynamic.merge(context);
+        dynamic.merge(context, opt.dynamic_key_order);
         context.clear();
         // A chunk adds at most 4 keys per token. Sizing the table once per chunk (llama.cpp's
         // unordered_map keeps its buckets across clear() too) spares the timed updates a

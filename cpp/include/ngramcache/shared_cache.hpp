@@ -162,13 +162,16 @@ inline ReplayResult replay_shared(const token_t* inp, size_t n_input, const Repl
         const LockSet locks{{dynamic, Access::write}, {st.cache, Access::read}};
         return with_static(st, [&](const auto& s) { return replay(inp, n_input, opt, dynamic->unlocked(), s, progress); });
     }
+    // A private copy, thrown away after the replay: the order of its keys does not matter.
+    ReplayOptions private_opt = opt;
+    private_opt.dynamic_key_order = false;
     NgramCache copy;
     if (dynamic != nullptr) {
         const LockSet locks{{dynamic, Access::read}};
-        copy.merge(dynamic->unlocked());  // into an empty cache: an order-keeping copy
+        copy.merge(dynamic->unlocked(), false);  // into an empty cache: every part copied as it is
     }
     const LockSet locks{{st.cache, Access::read}};
-    return with_static(st, [&](const auto& s) { return replay(inp, n_input, opt, copy, s, progress); });
+    return with_static(st, [&](const auto& s) { return replay(inp, n_input, private_opt, copy, s, progress); });
 }
 
 }  // namespace ngramcache
