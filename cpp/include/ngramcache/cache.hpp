@@ -332,10 +332,13 @@ public:
         }
     }
 
+    // Checked on every draft and update: the test stays inline, the message out of line.
     static void check_sizes(int ngram_min, int ngram_max) {
-        if (ngram_min < 1 || ngram_max > kNgramMax || ngram_min > ngram_max)
-            throw InputError("need 1 <= ngram_min <= ngram_max <= 4, got ngram_min=" +
-                             std::to_string(ngram_min) + ", ngram_max=" + std::to_string(ngram_max));
+        if (ngram_min < 1 || ngram_max > kNgramMax || ngram_min > ngram_max) bad_sizes(ngram_min, ngram_max);
+    }
+    [[noreturn]] __attribute__((noinline, cold)) static void bad_sizes(int ngram_min, int ngram_max) {
+        throw InputError("need 1 <= ngram_min <= ngram_max <= 4, got ngram_min=" + std::to_string(ngram_min) +
+                         ", ngram_max=" + std::to_string(ngram_max));
     }
 
 private:

@@ -56,10 +56,13 @@ inline token_t first_in_llama_order(const Part& p, IsCandidate is_candidate) {
 
 // The entry with the highest count, a tie decided by llama.cpp's iteration order. A tie
 // needs at least two entries at the maximum, so none is possible when the maximum is more
-// than half the sum: then the only entry at the maximum is the answer.
+// than half the sum, nor when it is exactly half and there are more than two entries (the
+// others share the other half): then the only entry at the maximum is the answer. Every
+// part that passes a percent threshold (50 % or more) is one of those or a two-way tie.
 inline token_t best_by_count(const Part& p) {
     const int32_t mx = p.max_count();
-    if (2 * int64_t(mx) > p.sum()) {
+    const int64_t twice_max = 2 * int64_t(mx);
+    if (twice_max > p.sum() || (twice_max == p.sum() && p.size() > 2)) {
         for (uint32_t i = p.size(); i-- > 0;)
             if (p[i].count == mx) return p[i].token;
     }
