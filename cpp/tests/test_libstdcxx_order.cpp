@@ -56,6 +56,22 @@ TEST(part_order_matches_a_real_map) {
         }
 }
 
+// Parts of up to 13 tokens take their order from their buckets, without the list: every
+// size, many insertion orders, collisions in one bucket and negative ids.
+TEST(small_part_order_matches_a_real_map) {
+    std::mt19937 rng(11);
+    for (size_t n = 1; n <= 14; ++n)
+        for (int trial = 0; trial < 300; ++trial) {
+            check::note() = "n " + std::to_string(n) + " trial " + std::to_string(trial);
+            const Tokens ins = distinct_tokens(rng, n, trial);
+            CHECK_EQ(model_order(ins), real_order(ins));
+            const token_t want = real_order(ins).back();  // first_in_order stops where asked
+            const size_t i = libstdcxx::first_in_order(ins.size(), [&](size_t j) { return ins[j]; },
+                                                       [&](size_t j) { return ins[j] == want; });
+            CHECK(i < ins.size() && ins[i] == want);
+        }
+}
+
 TEST(bucket_chain_matches_a_real_map) {
     std::unordered_map<int32_t, int32_t> m;
     size_t buckets = m.bucket_count();
