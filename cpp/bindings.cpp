@@ -210,6 +210,20 @@ void register_cache(py::module_& m) {
         .def_property_readonly("nbytes", [](const SharedCache& s) {
             return nogil([&] { return s.read([](const NgramCache& c) { return c.memory_bytes(); }); });
         })
+        .def_property(
+            "max_bytes",
+            [](const SharedCache& s) {
+                return nogil([&] { return s.read([](const NgramCache& c) { return c.max_bytes(); }); });
+            },
+            [](SharedCache& s, size_t bytes) {
+                nogil([&] { s.write([&](NgramCache& c) { c.set_max_bytes(bytes); }); });
+            })
+        .def_property_readonly("evicted", [](const SharedCache& s) {
+            return nogil([&] { return s.read([](const NgramCache& c) { return c.evicted(); }); });
+        })
+        .def_property_readonly("estimated_bytes", [](const SharedCache& s) {
+            return nogil([&] { return s.read([](const NgramCache& c) { return c.estimated_bytes(); }); });
+        })
         .def("update",
              [](SharedCache& s, const Tokens& tokens, int ngram_min, int ngram_max, size_t nnew) {
                  py::gil_scoped_release release;

@@ -458,3 +458,145 @@ def test_no_deadlock_between_a_replay_and_other_threads():
     r = subprocess.run([sys.executable, "-c", _DEADLOCK_SCRIPT], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "done"
+
+
+# --- a failing change leaves the cache as it was ----------------------------------------
+
+def _near_overflow() -> nc.NgramCache:
+    """(1,) -> {2: 1} and (3,) -> {4: INT32_MAX}: the next count of (3,) -> 4 overflows."""
+    return nc.NgramCache.from_bytes(rec((1,), [(2, 1)]) + rec((3,), [(4, INT32_MAX)]))
+
+
+@pytest.mark.parametrize("change", [
+    lambda c: c.merge(c),                         # doubling: (1,) would become {2: 2} first
+    lambda c: c.merge(_near_overflow()),
+    lambda c: c.update([1, 2, 3, 4]),             # (1,) -> 2 is counted before (3,) -> 4
+    lambda c: c.update([1, 2, 3, 4], 1, 1, nnew=3),
+])
+def test_an_overflowing_change_changes_nothing(change):
+    cache = _near_overflow()
+    before = cache.to_bytes()
+    with pytest.raises(OverflowError, match="int32"):
+        change(cache)
+    assert cache.to_bytes() == before
+    cache.update([1, 2])  # still usable, and counts where it did not overflow
+    assert cache.get([1]) == {2: 2}
+
+
+def test_counts_up_to_the_limit_are_fine():
+    cache = nc.NgramCache.from_bytes(rec((3,), [(4, INT32_MAX - 2)]))
+    cache.update([3, 4, 3, 4], 1, 1)          # two more: exactly INT32_MAX
+    assert cache.get([3]) == {4: INT32_MAX}
+    other = nc.NgramCache.from_bytes(rec((3,), [(5, INT32_MAX)]))
+    cache.merge(other)                         # a different token: no sum overflows
+    assert cache.get([3]) == {4: INT32_MAX, 5: INT32_MAX}
+
+
+def test_a_huge_nnew_means_every_token():
+    a, b = nc.NgramCache(), nc.NgramCache()
+    a.update([1, 2, 3, 4, 5], nnew=10**20)
+    b.update([1, 2, 3, 4, 5])
+    assert a.to_bytes() == b.to_bytes()
+
+
+# --- a memory cap for caches that live long -----------------------------------------------
+
+MiB = 1 << 20
+
+
+@FAST
+@given(tokens=streams(max_len=300), sizes=size_ranges(), chunk=st.integers(1, 50))
+def test_a_cap_never_reached_changes_nothing(tokens, sizes, chunk):
+    capped, free = nc.NgramCache(max_bytes=4 * MiB), nc.NgramCache()
+    for a in range(0, len(tokens), chunk):
+        for c in (capped, free):
+            c.update(tokens[:a + chunk], *sizes, nnew=min(chunk, len(tokens) - a))
+    capped.merge(free)
+    free.merge(free)
+    assert capped.evicted == 0
+    assert capped.to_bytes() == free.to_bytes()
+    assert as_list(capped) == as_list(free)
+
+
+@pytest.mark.parametrize("bad", [1, MiB - 1, -1, 1.5, True, "1M"])
+def test_a_cap_below_a_mebibyte_or_not_an_integer_is_refused(bad):
+    with pytest.raises(ValueError, match="max_bytes"):
+        nc.NgramCache(max_bytes=bad)
+
+
+def test_the_cap_forgets_what_was_least_recently_counted():
+    rng = np.random.default_rng(1)
+    cache = nc.NgramCache(max_bytes=2 * MiB)
+    old = rng.integers(0, 10**6, 2000).astype(np.int32)           # about 8000 keys, fits
+    cache.update(old)
+    assert cache.evicted == 0
+    kept, dropped = old[:500], old[1000:]         # kept and one step of the flood fit together
+    flood = rng.integers(10**6, 2 * 10**6, 200_000).astype(np.int32)
+    for a in range(0, flood.size, 1000):
+        cache.update(kept)                  # recounted all along: recently used
+        cache.update(flood[a:a + 1000])
+        assert cache.estimated_bytes <= cache.max_bytes
+    assert cache.evicted > 0
+    assert cache.get(kept[:4]) != {}
+    assert all(cache.get(dropped[i:i + 2]) == {} for i in range(0, 900, 50))
+    # what is kept keeps its counts: the recounted 4-gram was counted at every step
+    assert cache.get(kept[:4]) == {int(kept[4]): 1 + flood.size // 1000}
+
+
+def test_setting_a_cap_on_a_full_cache_evicts_the_oldest_first():
+    cache = nc.NgramCache()
+    rng = np.random.default_rng(2)
+    first, second = (rng.integers(k * 10**6, (k + 1) * 10**6, 30_000).astype(np.int32) for k in (0, 1))
+    cache.update(first)
+    cache.update(second)
+    assert cache.nbytes > 2 * MiB
+    cache.max_bytes = 2 * MiB
+    assert 0 < cache.evicted < len(cache) + cache.evicted
+    assert cache.estimated_bytes <= 2 * MiB
+    # keys count as used in insertion order: the 4-grams, inserted last, of the second part
+    assert cache.get(second[-5:-1]) == {int(second[-1]): 1} and cache.get(first[:2]) == {}
+    cache.max_bytes = None                   # lifting the cap keeps what is left
+    assert cache.max_bytes is None and len(cache) > 0
+
+
+_BOUNDED_MEMORY_SCRIPT = """
+import numpy as np, ngramcache as nc, sys
+cap = int(sys.argv[1])
+rng = np.random.default_rng(0)
+tokens = (rng.zipf(1.3, 10_000_000) % 50_000).astype(np.int32)   # 10 M tokens, a text-like law
+
+
+def rss(field):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field))
+
+
+cache = nc.NgramCache(max_bytes=cap)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")                                   # resets the peak (VmHWM) to now
+base = rss("VmRSS:")
+cache.update(tokens[:5_000_000])                   # one long update
+for a in range(5_000_000, tokens.size, 100_000):   # and a stream of short ones
+    cache.update(tokens[:a + 100_000], nnew=100_000)
+print("peak_growth", rss("VmHWM:") - base)
+print("estimated", cache.estimated_bytes)
+print("evicted", cache.evicted)
+print("keys", len(cache))
+unbounded = nc.NgramCache()                        # last: its freed memory would hide growth
+unbounded.update(tokens[:1_000_000])
+print("unbounded_1m", unbounded.nbytes)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc/self/clear_refs")
+def test_ten_million_tokens_stay_within_the_cap():
+    cap = 48 * MiB
+    r = subprocess.run([sys.executable, "-c", _BOUNDED_MEMORY_SCRIPT, str(cap)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    got = {k: int(v) for k, v in (line.split() for line in r.stdout.split("\n") if line)}
+    assert got["unbounded_1m"] > 2 * cap          # a tenth of the stream alone would not fit
+    assert got["evicted"] > 0 and got["keys"] > 10_000
+    assert got["estimated"] <= cap
+    # The process: the cap plus the allocator's slack (freed blocks it keeps for reuse).
+    assert got["peak_growth"] <= cap * 1.1 + 4 * MiB, got

@@ -44,3 +44,20 @@ def test_context_caches_and_static_tables(vectors_dir, tmp_path, capsys):
     assert table.ngram_size == 3 and all(table.get(k) == p for k, p in list(want.items())[:3000])
     rc, out, err = run_cli(capsys, "convert", "--ngram-size", "3", ctx, tmp_path / "c3.bin")
     assert rc == 2 and "--ngram-size applies only" in err
+
+
+def test_a_damaged_table_is_not_copied(tmp_path, capsys):
+    """Converting checks the whole table, not only the header that opening checks."""
+    import numpy as np
+    good, copy = tmp_path / "good.ngst", tmp_path / "copy.ngst"
+    ngramcache.StaticTable.build(np.random.default_rng(0).integers(0, 1000, 5000), 2).save(good)
+    image = bytearray(good.read_bytes())
+    image[5000] ^= 1
+    damaged = tmp_path / "damaged.ngst"
+    damaged.write_bytes(bytes(image))
+    assert run_cli(capsys, "convert", good, copy)[0] == 0
+    copy.unlink()
+    rc, out, err = run_cli(capsys, "convert", damaged, copy)
+    assert rc == 1 and "damaged.ngst" in err and "checksum" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not copy.exists()

@@ -15,6 +15,7 @@ import pytest
 
 import ngramcache as nc
 from conftest import DYNAMIC_FILE, ROWS, STATIC_FILE, summary_numbers
+from conftest import run_cli as run_main
 from ngramcache.cli import main as cli_main
 
 
@@ -256,3 +257,21 @@ def test_python_m_entry_point(vectors_dir):
     p = subprocess.run([sys.executable, "-m", "ngramcache", "stats", "--tokens", str(vectors_dir / "prose.tokens.i32"),
                         "-c", "1"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "ctx-size" in p.stderr
+
+
+@pytest.mark.parametrize("value", ["65537", "2000000", "99999999999999999999", "-1"])
+def test_draft_length_out_of_range_is_a_usage_error(tmp_path, capsys, value):
+    toks = tmp_path / "t.i32"
+    np.arange(100, dtype="<i4").tofile(toks)
+    rc, out, err = run_main(capsys, "stats", "--tokens", toks, "--spec-draft-n-max", value)
+    assert rc == 2 and f"--spec-draft-n-max must be 0 to 65536, got {value}" in err
+    assert "Traceback" not in err
+
+
+def test_a_static_table_of_other_n_grams_is_one_line(tmp_path, capsys):
+    toks = tmp_path / "t.i32"
+    np.random.default_rng(0).integers(0, 50, 500).astype("<i4").tofile(toks)
+    table = tmp_path / "t3.ngst"
+    nc.StaticTable.build(np.fromfile(toks, dtype="<i4"), 3).save(table)
+    rc, out, err = run_main(capsys, "stats", "--tokens", toks, "-c", "100", "-lcs", table)
+    assert rc == 1 and "holds 3-grams" in err and len(err.strip().splitlines()) == 1

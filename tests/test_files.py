@@ -57,6 +57,13 @@ def test_read_tokens_errors(tmp_path):
     bad.write_bytes(b"\x93NUMPY\x01\x00garbage")
     with pytest.raises(ValueError, match=r"bad.npy: not a readable .npy"):
         F.read_tokens_file(bad)
+    # numpy reads the header with Python's tokenizer, whose own errors must not escape
+    np.save(bad, np.arange(10, dtype=np.int32))
+    image = bytearray(bad.read_bytes())
+    image[20:30] = b"(" * 10
+    bad.write_bytes(bytes(image))
+    with pytest.raises(ValueError, match=r"bad.npy: not a readable .npy"):
+        F.read_tokens_file(bad)
     with pytest.raises(FileNotFoundError):
         F.read_tokens_file(tmp_path / "missing.i32")
     with pytest.raises(ValueError, match="directory"):

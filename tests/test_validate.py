@@ -50,17 +50,35 @@ def test_values_beyond_int32(cache, call, bad):
 
 @pytest.mark.parametrize("call", ENTRY_POINTS)
 @pytest.mark.parametrize("bad", [[1.0, 2.0], [1, 2.5], np.array([1, 2], dtype=np.float32), [True, False],
-                                 np.array([1, 0], dtype=bool), ["1", "2"], [object()], [1, None]])
+                                 np.array([1, 0], dtype=bool), ["1", "2"], [object()], [1, None],
+                                 np.array([1, 2], dtype="timedelta64[s]"),  # numpy counts it as an integer
+                                 np.array([1, 2], dtype="datetime64[D]")])
 def test_non_integer_tokens(cache, call, bad):
     with pytest.raises(ValueError, match="integer"):
         call(cache, bad)
 
 
 @pytest.mark.parametrize("call", ENTRY_POINTS)
-@pytest.mark.parametrize("bad", ["abc", b"abc"])
+@pytest.mark.parametrize("bad", ["abc", b"abc", bytearray(b"abc"), memoryview(b"abc")])
 def test_strings_are_not_token_sequences(cache, call, bad):
     with pytest.raises(ValueError, match="integer token ids"):
         call(cache, bad)
+
+
+@pytest.mark.parametrize("call", ENTRY_POINTS)
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_masked_arrays_are_refused_not_unmasked(cache, call, dtype):
+    with pytest.raises(ValueError, match="masked array"):
+        call(cache, np.ma.array([1, 2, 3, 4], mask=[0, 1, 0, 0], dtype=dtype))
+
+
+def test_objects_made_without_init_raise_instead_of_crashing():
+    for cls in (nc.NgramCache, nc.StaticTable):
+        obj = cls.__new__(cls)
+        with pytest.raises(AttributeError, match="_impl"):
+            len(obj)
+    with pytest.raises(AttributeError, match="_impl"):
+        nc.NgramCache.__new__(nc.NgramCache).update([1, 2, 3])
 
 
 @pytest.mark.parametrize("call", ENTRY_POINTS)

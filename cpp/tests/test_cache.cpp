@@ -287,6 +287,76 @@ TEST(count_overflow_throws) {
     CHECK_THROWS_AS(half.merge(half), std::overflow_error, "int32");
 }
 
+TEST(an_overflowing_change_changes_nothing) {
+    const token_t one[1] = {1}, three[1] = {3};
+    auto near_overflow = [&](NgramCache& c) {
+        c.get_or_insert(Ngram(one, 1)).add(2, 1);
+        c.get_or_insert(Ngram(three, 1)).add(4, INT32_MAX);
+    };
+    auto same = [](const NgramCache& a, const NgramCache& b) {
+        CHECK_EQ(a.size(), b.size());
+        test::check_same_parts(a, b);
+    };
+    NgramCache c, before, other;
+    near_overflow(c);
+    near_overflow(before);
+    near_overflow(other);
+    CHECK_THROWS_AS(c.merge(c), std::overflow_error, "int32");
+    same(c, before);
+    CHECK_THROWS_AS(c.merge(other), std::overflow_error, "int32");
+    same(c, before);
+    const Tokens inp = {1, 2, 3, 4};
+    CHECK_THROWS_AS(c.update(inp.data(), inp.size(), 1, 4, inp.size()), std::overflow_error, "int32");
+    same(c, before);
+    c.update(inp.data(), 2, 1, 4, 2);  // away from the limit, counting goes on
+    CHECK_EQ(c.find(Ngram(one, 1))->count_of(2), 2);
+}
+
+TEST(a_budget_never_reached_changes_nothing) {
+    std::mt19937 rng(7);
+    for (int round = 0; round < 20; ++round) {
+        const Tokens inp = test::random_stream(rng, 50 + rng() % 400, 1 + rng() % 60);
+        NgramCache capped, free;
+        capped.set_max_bytes(4u << 20);
+        for (size_t a = 0; a < inp.size(); a += 7) {
+            const size_t b = std::min(inp.size(), a + 7);
+            capped.update(inp.data(), b, 1, 4, b - a);
+            free.update(inp.data(), b, 1, 4, b - a);
+        }
+        CHECK_EQ(capped.evicted(), 0u);
+        CHECK_EQ(capped.size(), free.size());
+        test::check_same_parts(capped, free);
+        for (size_t i = 0; i < free.size(); ++i) CHECK(capped.key_at(i) == free.key_at(i));
+    }
+}
+
+TEST(a_budget_bounds_the_estimate_and_keeps_what_was_counted_last) {
+    std::mt19937 rng(8);
+    const Tokens inp = test::random_stream(rng, 300000, 5000);
+    NgramCache c;
+    c.set_max_bytes(1u << 20);
+    for (size_t a = 0; a < inp.size(); a += 1000) {
+        c.update(inp.data(), a + 1000, 1, 4, 1000);
+        CHECK(c.estimated_bytes() <= c.max_bytes());
+    }
+    CHECK(c.evicted() > 0);
+    CHECK(c.size() > 1000);
+    // The last 4-gram was counted last: kept, with its next token.
+    const Ngram last(inp.data() + inp.size() - 5, 4);
+    const Part* p = c.find(last);
+    CHECK(p != nullptr);
+    CHECK(p->count_of(inp.back()) >= 1);
+    // Whatever is kept has counts equal to or below the unbounded cache's.
+    NgramCache free;
+    free.update(inp.data(), inp.size(), 1, 4, inp.size());
+    for (size_t i = 0; i < c.size(); ++i) {
+        const Part* f = free.find(c.key_at(i));
+        CHECK(f != nullptr);
+        for (const Entry& e : c.part_at(i)) CHECK(e.count <= f->count_of(e.token));
+    }
+    CHECK_THROWS_AS(c.set_max_bytes(1000), InputError, "max_bytes");
+}
+
 TEST(check_sizes_rejects_bad_ranges) {
     for (int lo = -1; lo <= 5; ++lo)
         for (int hi = -1; hi <= 5; ++hi) {

@@ -10,6 +10,7 @@ NGRAM_MAX = 4  # llama.cpp's LLAMA_NGRAM_MAX: the longest key
 # Up to this many ids, Python's min() of a list beats numpy's reduction, whose fixed cost
 # (about 2 us) would dominate the per-token validation of a drafting step.
 _SMALL = 16
+_MASKED = np.ma.MaskedArray
 
 
 def _min(arr: np.ndarray):
@@ -22,11 +23,13 @@ def as_tokens(tokens, name: str = "tokens") -> np.ndarray:
     Accepts any 1-D integer sequence or array. Rejects floats, booleans, strings,
     multi-dimensional input, negative ids and values beyond int32.
     """
-    if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1:
+    if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1 and not isinstance(tokens, _MASKED):
         arr = tokens
     else:
-        if isinstance(tokens, (str, bytes)):
+        if isinstance(tokens, (str, bytes, bytearray, memoryview)):
             raise ValueError(f"{name}: expected a sequence of integer token ids, got {type(tokens).__name__}")
+        if isinstance(tokens, _MASKED):  # its mask would be ignored silently
+            raise ValueError(f"{name}: a masked array is not a token sequence; use .compressed() or .filled(...)")
         try:
             arr = np.asarray(tokens)
         except (ValueError, TypeError) as e:  # ragged nested lists and the like
@@ -37,7 +40,7 @@ def as_tokens(tokens, name: str = "tokens") -> np.ndarray:
             raise ValueError(f"{name}: expected a 1-D sequence of token ids, got shape {arr.shape}")
         if arr.size == 0:
             return np.zeros(0, dtype=np.int32)
-        if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        if arr.dtype.kind not in "iu":  # not issubdtype(np.integer): timedelta64 is one
             if not isinstance(tokens, np.ndarray):
                 _name_bad_element(tokens, name)  # Python ints beyond int64 land here too
             raise ValueError(f"{name}: token ids must be integers, got dtype {arr.dtype}")

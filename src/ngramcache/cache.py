@@ -11,6 +11,8 @@ from ._validate import as_tokens, check_int, check_ngram_sizes, tail_tokens
 
 CacheFormatError = _core.CacheFormatError
 
+MIN_BUDGET = 1 << 20  # the smallest memory cap: a cache's fixed structures need some room
+
 
 class NgramCache:
     """n-gram -> {next token: count}, as llama.cpp's ``common_ngram_cache``.
@@ -23,10 +25,43 @@ class NgramCache:
     Thread safety: any number of threads may draft from, ``get`` from or ``save`` one
     cache at the same time; ``update``, ``merge``, ``clear`` take it exclusively (an
     internal lock serialises them, so mixing is safe but writers wait for readers).
+
+    Changes are all or nothing: an ``update`` or ``merge`` that would take a count past
+    the int32 range of ``lookup.bin`` raises OverflowError and leaves the cache as it was.
+
+    Memory: unbounded by default, like llama.cpp's. ``max_bytes`` (at least 1 MiB) caps a
+    cache that lives long, e.g. a server's dynamic cache: whenever its estimated
+    footprint (``estimated_bytes``, an upper bound of what it allocates) would exceed the
+    cap, the n-grams least recently counted are forgotten until it is at most 3/4 of the
+    cap. What is kept is unchanged (counts, first-seen order); drafts come from it, so
+    they can differ from llama.cpp's once something was forgotten (``evicted`` counts).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
         self._impl = _core.NgramCache()
+        if max_bytes is not None:
+            self.max_bytes = max_bytes
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The memory cap in bytes, or None for none (the default)."""
+        return self._impl.max_bytes or None
+
+    @max_bytes.setter
+    def max_bytes(self, value: int | None) -> None:
+        value = check_int("max_bytes", value, MIN_BUDGET, 2**63 - 1, none_ok=True)
+        self._impl.max_bytes = value or 0
+
+    @property
+    def evicted(self) -> int:
+        """How many n-grams the memory cap made this cache forget so far."""
+        return self._impl.evicted
+
+    @property
+    def estimated_bytes(self) -> int:
+        """Under a cap, the upper bound of the bytes held that the cap is checked against;
+        without one, ``nbytes``."""
+        return self._impl.estimated_bytes
 
     def update(self, tokens, ngram_min: int = 1, ngram_max: int = 4, nnew: int | None = None) -> None:
         """Count the n-grams of sizes ngram_min..ngram_max that end in the last ``nnew``
@@ -43,7 +78,8 @@ class NgramCache:
         else:
             # Only the last nnew + ngram_max tokens take part: validating and passing just
             # those makes an incremental update O(nnew), not O(len(tokens)).
-            self.update_checked(tail_tokens(tokens, nnew + ngram_max), ngram_min, ngram_max, nnew)
+            arr = tail_tokens(tokens, nnew + ngram_max)
+            self.update_checked(arr, ngram_min, ngram_max, min(nnew, arr.size))
 
     def update_checked(self, tokens: np.ndarray, ngram_min: int, ngram_max: int, nnew: int) -> None:
         """``update(tokens, ngram_min, ngram_max, nnew)`` for callers that validated
@@ -112,7 +148,8 @@ class NgramCache:
         return len(self._impl)
 
     def __repr__(self) -> str:
-        return f"<NgramCache with {len(self)} n-grams>"
+        cap = f", max_bytes={self.max_bytes}" if self.max_bytes else ""
+        return f"<NgramCache with {len(self)} n-grams{cap}>"
 
 
 def _wrap(cls, impl: _core.NgramCache) -> NgramCache:

@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from tokenize import TokenError
 from typing import Iterable
 
 import numpy as np
@@ -125,8 +126,10 @@ def read_tokens_file(path: str | os.PathLike) -> np.ndarray:
     if head == _NPY_MAGIC:
         try:
             arr = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise ValueError(f"{path}: not a readable .npy file ({e})") from None
+        except (ValueError, OSError, EOFError, SyntaxError, TokenError, MemoryError, OverflowError) as e:
+            # numpy parses the header as a Python literal: damage there raises the errors of
+            # Python's own tokenizer and parser
+            raise ValueError(f"{path}: not a readable .npy file ({type(e).__name__}: {e})") from None
         if arr.dtype.kind not in "iu":
             raise ValueError(f"{path}: token ids must be integers, the .npy holds dtype {arr.dtype}")
         return as_tokens(arr, path)

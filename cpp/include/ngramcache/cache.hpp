@@ -77,6 +77,25 @@ public:
         max_ = 0;
     }
 
+    // Exchanges contents with `o` (eviction compacts the kept parts this way, no copies).
+    void swap(Part& o) noexcept {
+        static_assert(sizeof(Entry) == sizeof(Entry*), "the union is swapped as raw bytes");
+        unsigned char tmp[sizeof(Entry)];  // the union's bytes, whichever member is live
+        std::memcpy(tmp, &inline_, sizeof tmp);
+        std::memcpy(&inline_, &o.inline_, sizeof tmp);
+        std::memcpy(&o.inline_, tmp, sizeof tmp);
+        std::swap(size_, o.size_);
+        std::swap(cap_, o.cap_);
+        std::swap(sum_, o.sum_);
+        std::swap(index_, o.index_);
+        std::swap(index_mask_, o.index_mask_);
+        std::swap(max_, o.max_);
+    }
+
+    // An upper bound of the bytes this part has on the heap for `n` entries: entry
+    // capacity at most twice the size, and a token index of at most 4 slots per entry.
+    static constexpr size_t kHeapBytesPerEntry = 2 * sizeof(Entry) + 4 * sizeof(uint32_t);
+
 private:
     // Large parts (a common 1-gram can have thousands of continuations) get a token
     // index so that update stays O(1); small parts are scanned, which is faster.
@@ -185,7 +204,15 @@ public:
     }
 
     // The part for `k`, created empty if absent.
+    // For building a cache (loaders): the caller may set any count through the part, so
+    // the count bound becomes unknown until recount().
     Part& get_or_insert(const Ngram& k) {
+        count_bound_ = kCountMax;
+        return part_ref(index_of_or_insert(k));
+    }
+
+    // The index of `k`'s part, created empty if absent.
+    uint32_t index_of_or_insert(const Ngram& k) {
         const uint64_t h = hash_ngram(k);
         const uint32_t fp = static_cast<uint32_t>(h >> 32);
         size_t s = h & mask_;
@@ -194,7 +221,7 @@ public:
             if (v == 0) break;
             if (static_cast<uint32_t>(v >> 32) == fp) {
                 const uint32_t idx = static_cast<uint32_t>(v) - 1;
-                if (keys_[idx] == k) return part_ref(idx);
+                if (keys_[idx] == k) return idx;
             }
         }
         if (keys_.size() >= std::numeric_limits<uint32_t>::max() - 1)
@@ -204,20 +231,30 @@ public:
         keys_.push_back(k);
         slots_[s] = (static_cast<uint64_t>(fp) << 32) | (idx + 1);
         if (4 * (keys_.size() + 1) > 3 * slots_.size()) rehash(2 * slots_.size());
-        return part_ref(idx);
+        return idx;
     }
 
     // llama.cpp's common_ngram_cache_update: the observations ending in the last `nnew`
-    // tokens, for every n-gram size in [ngram_min, ngram_max].
+    // tokens, for every n-gram size in [ngram_min, ngram_max]. All or nothing: an update
+    // that would take a count past int32 throws std::overflow_error before changing
+    // anything.
     void update(const token_t* inp, size_t n_inp, int ngram_min, int ngram_max, size_t nnew) {
         check_sizes(ngram_min, ngram_max);
         if (nnew > n_inp) nnew = n_inp;
-        for (int n = ngram_min; n <= ngram_max; ++n) {
-            size_t i_start = n_inp - nnew;
-            if (i_start < static_cast<size_t>(n)) i_start = n;
-            for (size_t i = i_start; i < n_inp; ++i)
-                get_or_insert(Ngram(inp + i - n, n)).add(inp[i], 1);
+        // One update counts no (n-gram, token) pair more than nnew times.
+        if (count_bound_ + static_cast<int64_t>(nnew) > kCountMax)
+            check_update_fits(inp, n_inp, ngram_min, ngram_max, nnew);
+        if (max_bytes_ != 0) {
+            update_within_budget(inp, n_inp, ngram_min, ngram_max, nnew);
+        } else {
+            for (int n = ngram_min; n <= ngram_max; ++n) {
+                size_t i_start = n_inp - nnew;
+                if (i_start < static_cast<size_t>(n)) i_start = n;
+                for (size_t i = i_start; i < n_inp; ++i)
+                    get_or_insert(Ngram(inp + i - n, n)).add(inp[i], 1);
+            }
         }
+        count_bound_ += static_cast<int64_t>(nnew);
     }
 
     // llama.cpp's common_ngram_cache_merge: counts are summed, walking `add` in the order
@@ -230,7 +267,68 @@ public:
     // llama.cpp's: every part ends up the same (drafts never depend on the order of keys),
     // only the order of the keys new here differs, which a later save or merge of this
     // cache would show. For a cache that is thrown away afterwards.
+    // All or nothing: a merge that would take a count past int32 throws
+    // std::overflow_error before changing anything.
     void merge(const NgramCache& add, bool llama_key_order = true) {
+        check_merge_fits(add);
+        const int64_t add_bound = add.count_bound_;  // read first: `add` may be this cache
+        merge_unchecked(add, llama_key_order);
+        count_bound_ += add_bound;
+        ++clock_;
+    }
+
+    // The largest count held (0 for an empty cache). O(keys).
+    int32_t max_count() const {
+        int32_t m = 0;
+        for (size_t i = 0; i < keys_.size(); ++i) m = std::max(m, part_ref(i).max_count());
+        return m;
+    }
+
+    // For code that filled the cache through get_or_insert (a loader): makes the count
+    // bound (which lets update and merge skip their overflow checks) and the entry count
+    // exact again.
+    void recount() {
+        count_bound_ = max_count();
+        n_entries_ = n_entries();
+    }
+
+    // ---- A memory budget, for caches that live as long as a server --------------------
+    // 0 (the default) is llama.cpp's unbounded cache. Otherwise, whenever the cache's
+    // estimated footprint (estimated_bytes(), an upper bound of what it allocates)
+    // exceeds `bytes`, the n-grams least recently counted are forgotten until it is at
+    // most 3/4 of `bytes`. Drafts then come from what is left; the parts kept keep
+    // their counts and first-seen order, and the keys their insertion order.
+    void set_max_bytes(size_t bytes) {
+        if (bytes != 0 && bytes < kMinBudget)
+            throw InputError("max_bytes must be 0 (no limit) or at least " + std::to_string(kMinBudget) +
+                             ", got " + std::to_string(bytes));
+        max_bytes_ = bytes;
+        last_used_.clear();
+        last_used_.shrink_to_fit();
+        if (bytes == 0) return;
+        n_entries_ = n_entries();
+        // What the cache holds already counts as used in insertion order.
+        last_used_.resize(keys_.size());
+        for (size_t i = 0; i < keys_.size(); ++i) last_used_[i] = clock_ + i;
+        clock_ += keys_.size();
+        if (estimated_bytes() > max_bytes_) evict();
+    }
+    size_t max_bytes() const { return max_bytes_; }
+    // How many n-grams the budget made the cache forget so far.
+    uint64_t evicted() const { return evicted_; }
+
+    // An upper bound of the bytes held under a budget (the table, keys, part segments,
+    // use stamps and every part's heap, with malloc's overhead); without one,
+    // memory_bytes().
+    size_t estimated_bytes() const {
+        if (max_bytes_ == 0) return memory_bytes();
+        return slots_.capacity() * sizeof(uint64_t) + keys_.capacity() * sizeof(Ngram) +
+               segments_.size() * (kSegment * sizeof(Part) + kMallocOverhead) +
+               last_used_.capacity() * sizeof(uint64_t) + keys_.size() * (2 * kMallocOverhead + kTransientPerKey) +
+               n_entries_ * Part::kHeapBytesPerEntry;
+    }
+
+    void merge_unchecked(const NgramCache& add, bool llama_key_order) {
         if (&add == this) {  // doubling: iterate over a snapshot of the sizes
             for (size_t i = 0; i < keys_.size(); ++i) {
                 Part& p = part_ref(i);
@@ -239,10 +337,29 @@ public:
             }
             return;
         }
-        reserve(keys_.size() + add.size());
+        // Under a budget the table grows only as far as eviction lets it.
+        if (max_bytes_ == 0) reserve(keys_.size() + add.size());
         auto merge_key = [&](uint32_t i) {
             const Part& src = add.part_at(i);
-            Part& dst = get_or_insert(add.key_at(i));
+            const uint32_t idx = index_of_or_insert(add.key_at(i));
+            Part& dst = part_ref(idx);
+            const uint32_t before = dst.size();
+            merge_part(dst, src);
+            if (max_bytes_ != 0) {
+                counted(idx, dst.size() - before, clock_);
+                if (estimated_bytes() > max_bytes_) evict();
+            }
+        };
+        if (llama_key_order) {
+            for (uint32_t i : add.llama_key_order()) merge_key(i);
+        } else {
+            for (uint32_t i = 0; i < add.keys_.size(); ++i) merge_key(i);
+        }
+    }
+
+    // dst += src, src's tokens new to dst appended in the order llama.cpp's map of src
+    // visits them.
+    static void merge_part(Part& dst, const Part& src) {
             if (dst.size() == 0 || src.size() < 2) {
                 for (const Entry& e : src) dst.add(e.token, e.count);
             } else {
@@ -252,12 +369,6 @@ public:
                                               return false;
                                           });
             }
-        };
-        if (llama_key_order) {
-            for (uint32_t i : add.llama_key_order()) merge_key(i);
-        } else {
-            for (uint32_t i = 0; i < add.keys_.size(); ++i) merge_key(i);
-        }
     }
 
     void reserve(size_t n_keys) {
@@ -280,6 +391,12 @@ public:
     }
 
     void swap(NgramCache& o) noexcept {
+        std::swap(count_bound_, o.count_bound_);
+        std::swap(max_bytes_, o.max_bytes_);
+        std::swap(n_entries_, o.n_entries_);
+        last_used_.swap(o.last_used_);
+        std::swap(clock_, o.clock_);
+        std::swap(evicted_, o.evicted_);
         std::swap(llama_buckets_, o.llama_buckets_);
         slots_.swap(o.slots_);
         std::swap(mask_, o.mask_);
@@ -296,6 +413,9 @@ public:
         segments_.clear();
         slots_.assign(kInitialSlots, 0);
         mask_ = kInitialSlots - 1;
+        count_bound_ = 0;
+        n_entries_ = 0;
+        last_used_.clear();  // the budget itself stays
     }
 
     // Bytes held (approximate: table, keys, parts and their heap entries).
@@ -344,6 +464,142 @@ public:
 private:
     static constexpr size_t kSegment = 4096;
     static constexpr size_t kInitialSlots = 64;
+    static constexpr int64_t kCountMax = std::numeric_limits<int32_t>::max();
+    static constexpr size_t kMallocOverhead = 16;  // glibc: a header and alignment per block
+    static constexpr size_t kMinBudget = size_t(1) << 20;
+    // Per key, room for what growing and evicting allocate for a moment beside what the
+    // cache holds: a doubled slot table or key array, or eviction's sorted indices (each
+    // at most this much), so that the budget bounds the peak, not just the steady state.
+    static constexpr size_t kTransientPerKey = 48;
+
+    // Slow path of update's overflow check, for a cache whose counts may be near the
+    // int32 limit: tallies this update's pairs exactly and throws if one would overflow.
+    void check_update_fits(const token_t* inp, size_t n_inp, int ngram_min, int ngram_max, size_t nnew) {
+        count_bound_ = max_count();
+        if (count_bound_ + static_cast<int64_t>(nnew) <= kCountMax) return;
+        std::vector<std::pair<Ngram, token_t>> pairs;  // sorted, so equal pairs are adjacent
+        for (int n = ngram_min; n <= ngram_max; ++n) {
+            size_t i_start = n_inp - nnew;
+            if (i_start < static_cast<size_t>(n)) i_start = n;
+            for (size_t i = i_start; i < n_inp; ++i) pairs.emplace_back(Ngram(inp + i - n, n), inp[i]);
+        }
+        std::sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& b) {
+            return std::memcmp(&a, &b, sizeof a) < 0;
+        });
+        for (size_t a = 0; a < pairs.size();) {
+            size_t b = a + 1;
+            while (b < pairs.size() && std::memcmp(&pairs[a], &pairs[b], sizeof pairs[a]) == 0) ++b;
+            const Part* p = find(pairs[a].first);
+            const int64_t now = p == nullptr ? 0 : p->count_of(pairs[a].second);
+            if (now + static_cast<int64_t>(b - a) > kCountMax) count_overflow();
+            a = b;
+        }
+    }
+
+    // merge's overflow check: exact only when the bounds of the two caches allow an overflow.
+    void check_merge_fits(const NgramCache& add) {
+        if (count_bound_ + add.count_bound_ <= kCountMax) return;
+        count_bound_ = max_count();
+        if (&add == this) {
+            if (2 * count_bound_ > kCountMax) count_overflow();
+            return;
+        }
+        const int64_t add_max = add.max_count();
+        if (count_bound_ + add_max <= kCountMax) return;
+        for (size_t i = 0; i < add.size(); ++i) {
+            const Part* p = find(add.key_at(i));
+            if (p == nullptr) continue;
+            for (const Entry& e : add.part_at(i))
+                if (static_cast<int64_t>(p->count_of(e.token)) + e.count > kCountMax) count_overflow();
+        }
+    }
+
+    [[noreturn]] __attribute__((noinline, cold)) static void count_overflow() {
+        throw std::overflow_error("n-gram count exceeds the int32 range of lookup.bin");
+    }
+
+    // update() under a budget, in update()'s order: counts entries and use stamps (the
+    // position counted), and evicts as it goes, so even one long update stays within it.
+    void update_within_budget(const token_t* inp, size_t n_inp, int ngram_min, int ngram_max, size_t nnew) {
+        const uint64_t base = clock_ - (n_inp - nnew);  // the stamp of position i is base + i
+        for (int n = ngram_min; n <= ngram_max; ++n) {
+            size_t i_start = n_inp - nnew;
+            if (i_start < static_cast<size_t>(n)) i_start = n;
+            for (size_t i = i_start; i < n_inp; ++i) {
+                const uint32_t idx = index_of_or_insert(Ngram(inp + i - n, n));
+                Part& p = part_ref(idx);
+                const uint32_t before = p.size();
+                p.add(inp[i], 1);
+                counted(idx, p.size() - before, base + i);
+                if (estimated_bytes() > max_bytes_) evict();
+            }
+        }
+        clock_ += nnew;
+    }
+
+    // Book-keeping of a budgeted cache after key `idx` was counted.
+    void counted(uint32_t idx, uint32_t new_entries, uint64_t stamp) {
+        n_entries_ += new_entries;
+        if (idx == last_used_.size()) last_used_.push_back(stamp);
+        else last_used_[idx] = std::max(last_used_[idx], stamp);
+    }
+
+    // The bytes a key costs under a budget (see estimated_bytes), with its share of a
+    // slot table of up to 8/3 slots per key.
+    size_t key_cost(size_t i) const {
+        return sizeof(Ngram) + sizeof(Part) + sizeof(uint64_t) + 2 * kMallocOverhead + kTransientPerKey +
+               3 * sizeof(uint64_t) + part_ref(i).size() * Part::kHeapBytesPerEntry;
+    }
+
+    // Forgets the least recently counted keys until the estimate is at most 3/4 of the
+    // budget; the keys kept stay in insertion order.
+    void evict() {
+        const size_t target = max_bytes_ / 4 * 3;
+        std::vector<uint32_t> by_use(keys_.size());
+        for (uint32_t i = 0; i < by_use.size(); ++i) by_use[i] = i;
+        std::sort(by_use.begin(), by_use.end(), [&](uint32_t a, uint32_t b) {
+            return last_used_[a] != last_used_[b] ? last_used_[a] > last_used_[b] : a > b;
+        });
+        size_t fixed = kInitialSlots * sizeof(uint64_t) + kSegment * sizeof(Part) + kMallocOverhead;
+        size_t kept_bytes = fixed;
+        size_t n_keep = 0;
+        while (n_keep < by_use.size()) {
+            // A segment per kSegment keys kept.
+            const size_t extra = key_cost(by_use[n_keep]) +
+                                 ((n_keep + 1) % kSegment == 0 ? kSegment * sizeof(Part) + kMallocOverhead : 0);
+            if (kept_bytes + extra > target) break;
+            kept_bytes += extra;
+            ++n_keep;
+        }
+        std::vector<uint32_t> keep(by_use.begin(), by_use.begin() + n_keep);
+        by_use.clear();
+        by_use.shrink_to_fit();
+        std::sort(keep.begin(), keep.end());
+        evicted_ += keys_.size() - n_keep;
+        // Compacted in place (keep[j] >= j): eviction must not need a second copy of what
+        // it keeps, or the cache would peak far above its budget while evicting.
+        size_t entries = 0;
+        for (size_t j = 0; j < keep.size(); ++j) {
+            if (keep[j] != j) {
+                part_ref(j).swap(part_ref(keep[j]));
+                keys_[j] = keys_[keep[j]];
+                last_used_[j] = last_used_[keep[j]];
+            }
+            entries += part_ref(j).size();
+        }
+        for (size_t i = n_keep; i < keys_.size(); ++i) part_ref(i).clear();
+        keys_.resize(n_keep);
+        keys_.shrink_to_fit();
+        last_used_.resize(n_keep);
+        last_used_.shrink_to_fit();
+        segments_.resize((n_keep + kSegment - 1) / kSegment);
+        n_entries_ = entries;
+        keep.clear();
+        keep.shrink_to_fit();
+        size_t nslots = kInitialSlots;
+        while (4 * (keys_.size() + 1) > 3 * nslots) nslots *= 2;
+        rehash(nslots);
+    }
 
     Part& part_ref(size_t i) { return segments_[i / kSegment][i % kSegment]; }
     const Part& part_ref(size_t i) const { return segments_[i / kSegment][i % kSegment]; }
@@ -361,6 +617,12 @@ private:
         mask_ = nmask;
     }
 
+    int64_t count_bound_ = 0;                      // no count held exceeds it
+    size_t max_bytes_ = 0;                         // the budget; 0: unbounded
+    size_t n_entries_ = 0;                         // (key, token) pairs, kept under a budget
+    std::vector<uint64_t> last_used_;              // per key, under a budget: clock_ when last counted
+    uint64_t clock_ = 0;                           // tokens counted under a budget
+    uint64_t evicted_ = 0;
     uint64_t llama_buckets_ = 0;                   // llama.cpp's outer map at the last clear()
     std::vector<uint64_t> slots_;                  // (fingerprint << 32) | (part index + 1)
     size_t mask_ = 0;

@@ -90,6 +90,7 @@ inline void load_lookup(NgramCache& cache, const char* data, size_t size, const 
             if (part.count_of(tok) == 0) part.add_new(tok, cnt);
         }
     });
+    cache.recount();
 }
 
 inline void load_lookup_file(NgramCache& cache, const std::string& path) {

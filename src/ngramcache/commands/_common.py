@@ -34,12 +34,13 @@ def add_output_flags(p, what: str = "the summary", group=None) -> None:
     out.add_argument("-q", "--quiet", action="store_true", help="no progress bars or notes on stderr")
 
 
-def check_ranges(args, rules: Iterable[tuple[str, int, str]]) -> None:
-    """``(dest, lowest, message)`` for each integer flag: a value below ``lowest`` is a
-    usage error saying ``message, got VALUE``; None (flag not given) passes."""
-    for dest, lowest, message in rules:
+def check_ranges(args, rules: Iterable[tuple]) -> None:
+    """``(dest, lowest, message)`` or ``(dest, lowest, message, highest)`` for each integer
+    flag: a value outside ``lowest..highest`` is a usage error saying ``message, got
+    VALUE``; None (flag not given) passes."""
+    for dest, lowest, message, *highest in rules:
         value = getattr(args, dest)
-        if value is not None and value < lowest:
+        if value is not None and (value < lowest or (highest and value > highest[0])):
             raise UsageError(f"{message}, got {value}")
 
 

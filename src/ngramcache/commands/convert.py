@@ -47,6 +47,8 @@ def run(args) -> int:
             cache = StaticTable.from_llama(args.input, ngram_size=args.ngram_size)
         else:
             cache = open_cache(args.input)
+            if isinstance(cache, StaticTable):
+                cache.verify()  # opening checks only the header; a copy must not carry damage on
     with timer.stage("write"):
         write_cache(cache, args.output, fmt)
     summary = {"command": "convert", "input": args.input, "input_format": in_fmt, **counts(cache),

@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
     r.add_argument("-c", "--ctx-size", type=int, default=DEFAULT_N_CTX, metavar="N",
                    help=f"chunk size in tokens, >= 2 (default: {DEFAULT_N_CTX})")
     r.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_N_DRAFT, metavar="N", dest="n_draft",
-                   help=f"most tokens drafted per step, >= 0 (default: {DEFAULT_N_DRAFT}, as llama.cpp)")
+                   help=f"most tokens drafted per step, 0 to 65536 (default: {DEFAULT_N_DRAFT}, as llama.cpp)")
     r.add_argument("--no-llama-oob", action="store_false", dest="llama_oob",
                    help="treat 3- and 4-gram keys that reach before a chunk's start as not found, instead "
                         "of reading what llama.cpp reads there (docs/parity.md)")
@@ -63,10 +63,10 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..progress import Progress, fmt_seconds
-    from ..stats import replay, replay_drafter
+    from ..stats import MAX_REPLAY_DRAFT, replay, replay_drafter
 
     check_ranges(args, [("ctx_size", 2, "-c/--ctx-size must be >= 2 (it is the chunk size in tokens)"),
-                        ("n_draft", 0, "--spec-draft-n-max must be >= 0")])
+                        ("n_draft", 0, f"--spec-draft-n-max must be 0 to {MAX_REPLAY_DRAFT}", MAX_REPLAY_DRAFT)])
     check_text_input(args)
     drafter = None  # None: llama.cpp's lookup, replayed exactly as llama-lookup-stats
     drafter_options(args)  # an option of another drafter is a usage error
