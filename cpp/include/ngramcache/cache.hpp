@@ -251,7 +251,7 @@ public:
                 size_t i_start = n_inp - nnew;
                 if (i_start < static_cast<size_t>(n)) i_start = n;
                 for (size_t i = i_start; i < n_inp; ++i)
-                    get_or_insert(Ngram(inp + i - n, n)).add(inp[i], 1);
+                    part_ref(index_of_or_insert(Ngram(inp + i - n, n))).add(inp[i], 1);
             }
         }
         count_bound_ += static_cast<int64_t>(nnew);
@@ -270,7 +270,7 @@ public:
     // All or nothing: a merge that would take a count past int32 throws
     // std::overflow_error before changing anything.
     void merge(const NgramCache& add, bool llama_key_order = true) {
-        check_merge_fits(add);
+        if (count_bound_ + add.count_bound_ > kCountMax) check_merge_fits(add);
         const int64_t add_bound = add.count_bound_;  // read first: `add` may be this cache
         merge_unchecked(add, llama_key_order);
         count_bound_ += add_bound;
@@ -339,7 +339,7 @@ public:
         }
         // Under a budget the table grows only as far as eviction lets it.
         if (max_bytes_ == 0) reserve(keys_.size() + add.size());
-        auto merge_key = [&](uint32_t i) {
+        auto merge_key = [&](uint32_t i) __attribute__((always_inline)) {
             const Part& src = add.part_at(i);
             const uint32_t idx = index_of_or_insert(add.key_at(i));
             Part& dst = part_ref(idx);
@@ -359,7 +359,7 @@ public:
 
     // dst += src, src's tokens new to dst appended in the order llama.cpp's map of src
     // visits them.
-    static void merge_part(Part& dst, const Part& src) {
+    __attribute__((always_inline)) static void merge_part(Part& dst, const Part& src) {
             if (dst.size() == 0 || src.size() < 2) {
                 for (const Entry& e : src) dst.add(e.token, e.count);
             } else {
@@ -474,7 +474,7 @@ private:
 
     // Slow path of update's overflow check, for a cache whose counts may be near the
     // int32 limit: tallies this update's pairs exactly and throws if one would overflow.
-    void check_update_fits(const token_t* inp, size_t n_inp, int ngram_min, int ngram_max, size_t nnew) {
+    __attribute__((noinline, cold)) void check_update_fits(const token_t* inp, size_t n_inp, int ngram_min, int ngram_max, size_t nnew) {
         count_bound_ = max_count();
         if (count_bound_ + static_cast<int64_t>(nnew) <= kCountMax) return;
         std::vector<std::pair<Ngram, token_t>> pairs;  // sorted, so equal pairs are adjacent
@@ -496,9 +496,8 @@ private:
         }
     }
 
-    // merge's overflow check: exact only when the bounds of the two caches allow an overflow.
-    void check_merge_fits(const NgramCache& add) {
-        if (count_bound_ + add.count_bound_ <= kCountMax) return;
+    // merge's overflow check, when the bounds of the two caches allow an overflow: exact.
+    __attribute__((noinline, cold)) void check_merge_fits(const NgramCache& add) {
         count_bound_ = max_count();
         if (&add == this) {
             if (2 * count_bound_ > kCountMax) count_overflow();
@@ -520,7 +519,7 @@ private:
 
     // update() under a budget, in update()'s order: counts entries and use stamps (the
     // position counted), and evicts as it goes, so even one long update stays within it.
-    void update_within_budget(const token_t* inp, size_t n_inp, int ngram_min, int ngram_max, size_t nnew) {
+    __attribute__((noinline)) void update_within_budget(const token_t* inp, size_t n_inp, int ngram_min, int ngram_max, size_t nnew) {
         const uint64_t base = clock_ - (n_inp - nnew);  // the stamp of position i is base + i
         for (int n = ngram_min; n <= ngram_max; ++n) {
             size_t i_start = n_inp - nnew;
@@ -553,7 +552,7 @@ private:
 
     // Forgets the least recently counted keys until the estimate is at most 3/4 of the
     // budget; the keys kept stay in insertion order.
-    void evict() {
+    __attribute__((noinline)) void evict() {
         const size_t target = max_bytes_ / 4 * 3;
         std::vector<uint32_t> by_use(keys_.size());
         for (uint32_t i = 0; i < by_use.size(); ++i) by_use[i] = i;

@@ -59,7 +59,7 @@ inline token_t first_in_llama_order(const Part& p, IsCandidate is_candidate) {
 // than half the sum, nor when it is exactly half and there are more than two entries (the
 // others share the other half): then the only entry at the maximum is the answer. Every
 // part that passes a percent threshold (50 % or more) is one of those or a two-way tie.
-inline token_t best_by_count(const Part& p) {
+__attribute__((always_inline)) inline token_t best_by_count(const Part& p) {
     const int32_t mx = p.max_count();
     const int64_t twice_max = 2 * int64_t(mx);
     if (twice_max > p.sum() || (twice_max == p.sum() && p.size() > 2)) {
