@@ -110,6 +110,6 @@ def run(args) -> int:
         try:
             stats.plot(args.plot)
         except OSError as e:
-            raise RunError(f"cannot write the plot {args.plot}: {e}") from None
+            raise RunError(f"cannot write the plot {args.plot}: {e.strerror or e}") from None
         note(args, f"wrote {args.plot}")
     return 0
