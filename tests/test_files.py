@@ -290,3 +290,12 @@ def test_atomic_open_writes_text_and_refuses_modes_that_would_not_replace(tmp_pa
         with pytest.raises(ValueError, match="mode must be"):
             F.atomic_open(target, mode).__enter__()
     assert _names(tmp_path) == ["out.json"]
+
+
+def test_every_save_takes_a_name_that_is_not_utf8(tmp_path):
+    name = os.fsdecode(b"caf\xe9.bin")  # Latin-1 bytes: a str with a surrogate escape
+    for i, (what, save) in enumerate(_every_save()):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        save(folder / name)
+        assert os.listdir(os.fsencode(folder)) == [b"caf\xe9.bin"], what
