@@ -1,7 +1,7 @@
 """Files: one way to open a cache file of either format, token files, the inputs of a
 command (files and directories), and atomic writes (``atomic_open``, a thin wrapper of the
 C++ core's ``AtomicFile``, which the core's own saves use too: one set of saving rules,
-docs/format.md).
+docs/architecture.md, "Saving files").
 
 A cache file is an ngramcache static table (NGST, recognised by its magic) or a
 llama.cpp ``lookup.bin`` (no header: anything else is read as one).
