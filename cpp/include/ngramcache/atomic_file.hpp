@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -144,8 +145,9 @@ inline std::string follow_links(const std::string& path) {
         struct stat st;
         if (::lstat(at.c_str(), &st) != 0) {
             // A new file; a missing or unusable folder is reported when it is opened.
-            if (errno == ENOENT || errno == ENOTDIR) return at;
-            throw PathError(errno, errno_text(errno), path);
+            const int err = errno;
+            if (err == ENOENT || err == ENOTDIR) return at;
+            throw PathError(err, errno_text(err), path);
         }
         if (!S_ISLNK(st.st_mode)) return at;
         if (hops == 40) throw PathError(ELOOP, errno_text(ELOOP), path);
@@ -153,9 +155,12 @@ inline std::string follow_links(const std::string& path) {
         ssize_t n;
         while ((n = ::readlink(at.c_str(), buf.data(), buf.size())) >= static_cast<ssize_t>(buf.size()))
             buf.resize(buf.size() * 2);
-        if (n < 0) throw PathError(errno, "cannot read the link " + at + ": " + errno_text(errno), path);
+        if (n < 0) {
+            const int err = errno;
+            throw PathError(err, "cannot read the link " + at + ": " + errno_text(err), path);
+        }
         const std::string next(buf.data(), static_cast<size_t>(n));
-        at = next[0] == '/' ? next : folder_of(at) + "/" + next;
+        at = !next.empty() && next[0] == '/' ? next : folder_of(at) + "/" + next;
     }
 }
 
@@ -220,10 +225,9 @@ public:
         if (::renameat(dir_, temp_.c_str(), dir_, name_.c_str()) != 0)
             fail(errno, "cannot replace it: ");
         temp_.clear();
-        if (::fsync(dir_) != 0) {
-            // Best effort: some file systems refuse to sync a folder (or the folder was
-            // opened for search only), and the data itself is on disk already.
-        }
+        // Best effort: some file systems refuse to sync a folder (or the folder was opened
+        // for search only), and the data itself is on disk already.
+        ::fsync(dir_);
         remove_stale_temps();
         ::close(dir_);
         dir_ = -1;
