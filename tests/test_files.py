@@ -97,7 +97,7 @@ def test_atomic_open_names_the_target_when_its_folder_is_missing(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
         with F.atomic_open(target) as f:
             f.write(b"x")
-    assert err.value.filename == str(target) and ".tmp" not in str(err.value)
+    assert err.value.filename == str(target) and "ngctmp" not in str(err.value)
     assert not target.parent.exists()
 
 
