@@ -188,6 +188,13 @@ void register_errors(py::module_& m) {
             if (p) std::rethrow_exception(p);
         } catch (const InputError& e) {
             py::set_error(PyExc_ValueError, e.what());
+        } catch (const PathError& e) {
+            // OSError(errno, message, path) picks the subclass and sets .filename (decoded
+            // as os.fsdecode would, so that a name that is not UTF-8 survives).
+            py::object path = py::reinterpret_steal<py::object>(
+                PyUnicode_DecodeFSDefaultAndSize(e.path().data(), static_cast<Py_ssize_t>(e.path().size())));
+            py::object err = py::reinterpret_borrow<py::object>(PyExc_OSError)(e.err(), e.message(), path);
+            PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
         } catch (const FileNotFound& e) {
             py::set_error(PyExc_FileNotFoundError, e.what());
         } catch (const std::system_error& e) {
@@ -196,6 +203,18 @@ void register_errors(py::module_& m) {
             PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
         }
     });
+}
+
+// The one way Python saves a file: files.atomic_open writes to `fd` and commits or aborts.
+void register_atomic_file(py::module_& m) {
+    py::class_<AtomicFile>(m, "AtomicFile", "One atomic save of one file (see atomic_file.hpp).")
+        .def(py::init<const std::string&, bool>(), "path"_a, "named_temp"_a = false,
+             py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("fd", &AtomicFile::fd)
+        .def_property_readonly("target", [](const AtomicFile& f) { return py::bytes(f.target()); })
+        .def_property_readonly("temp_name", [](const AtomicFile& f) { return py::bytes(f.temp_name()); })
+        .def("commit", &AtomicFile::commit, py::call_guard<py::gil_scoped_release>())
+        .def("abort", &AtomicFile::abort);
 }
 
 void register_cache(py::module_& m) {
@@ -660,6 +679,7 @@ void register_sequence_drafters(py::module_& m) {
 PYBIND11_MODULE(_core, m) {
     m.doc() = "ngramcache's compiled core (use the ngramcache package, not this module).";
     register_errors(m);
+    register_atomic_file(m);
     register_cache(m);
     register_static(m);
     register_replay(m);

@@ -51,6 +51,14 @@ def test_bad_flags_are_usage_errors(cmd, flags, message):
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("cmd", ["chat", "serve"])
+def test_a_memory_file_in_a_missing_folder_fails_before_the_model_loads(cmd, tmp_path):
+    memory = tmp_path / "nodir" / "memory.bin"
+    r = _run([cmd, "-m", str(tmp_path / "no-model.gguf"), "--memory", str(memory)], timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr == f"ngramcache {cmd}: error: {memory}: the directory {memory.parent} does not exist\n"
+
+
 def test_serve_refuses_a_bad_port():
     r = _run(["serve", "--port", "70000"], timeout=60)
     assert r.returncode == 2 and "--port" in r.stderr

@@ -4,6 +4,8 @@ directories; llama.cpp's lookup.bin and the static-table output."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -149,3 +151,36 @@ def test_create_ngst_matches_llama_counts(vectors_dir, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "convert", out, tmp_path / "back.bin", "-q")
     assert rc == 0, err
     assert canonical_sha(tmp_path / "back.bin") == cache_stats(vectors_dir)["static-small.lcs.bin"]["sha256_canonical"]
+
+
+# --- outputs ---------------------------------------------------------------------------
+
+def _create(*argv):
+    return subprocess.run([sys.executable, "-m", "ngramcache", "create", *map(str, argv)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_every_output_into_a_missing_folder_fails_with_one_line(tmp_path):
+    tokens = tmp_path / "t.i32"
+    (np.arange(3000, dtype="<i4") % 17).tofile(tokens)
+    for argv, missing in ((["--save-tokens", "nodir/t.i32", "-lcs", "out.ngst"], "nodir/t.i32"),
+                          (["-lcs", "nodir/out.ngst"], "nodir/out.ngst"),
+                          (["-lcs", "nodir/out.bin", "--save-tokens", "copy.i32"], "nodir/out.bin")):
+        r = subprocess.run([sys.executable, "-m", "ngramcache", "create", "--tokens", str(tokens), *argv],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert r.returncode == 1, argv
+        assert r.stderr.count("\n") == 1 and missing in r.stderr and "does not exist" in r.stderr, r.stderr
+        assert r.stdout == ""
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["t.i32"], argv
+
+
+def test_save_tokens_with_tokens_writes_a_raw_copy(tmp_path):
+    npy = tmp_path / "t.npy"
+    np.save(npy, np.arange(3000, dtype=np.int64) % 17)
+    r = _create("--tokens", npy, "--save-tokens", tmp_path / "t.i32", "-lcs", tmp_path / "o.ngst", "-q")
+    assert r.returncode == 0, r.stderr
+    assert np.array_equal(np.fromfile(tmp_path / "t.i32", dtype="<i4"), np.arange(3000) % 17)
+    r = _create("--tokens", npy, "--save-tokens", npy, "-lcs", tmp_path / "o.ngst", "-q")
+    assert r.returncode == 2 and "would overwrite the input" in r.stderr
+    r = _create("--tokens", npy, "--save-tokens", tmp_path / "o.ngst", "-lcs", tmp_path / "o.ngst", "-q")
+    assert r.returncode == 2 and "name the same file" in r.stderr

@@ -22,6 +22,14 @@ def test_generate_prompt_rules(tmp_path, capsys, fake_llama, flags, content, wan
     assert "n_accept     = 1\naccept       = 100.000%\n" in err and err.startswith("encoded ")
 
 
+def test_generate_fails_before_the_model_for_a_dynamic_cache_in_a_missing_folder(tmp_path, capsys, fake_llama):
+    seen, model = fake_llama
+    lcd = tmp_path / "nodir" / "dyn.bin"
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "-p", "x", "-lcd", lcd)
+    assert rc == 1 and out == "" and seen == []
+    assert err == f"ngramcache generate: error: {lcd}: the directory {lcd.parent} does not exist\n"
+
+
 @pytest.mark.model
 def test_cli_generate_json_and_errors(gemma_path, tmp_path, capsys):
     from ngramcache.cli import main

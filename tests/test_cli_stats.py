@@ -247,6 +247,14 @@ def test_cli_plot_without_matplotlib(tmp_path, vectors_dir, capsys, monkeypatch)
     assert out == "" and not png.exists()
 
 
+def test_cli_plot_into_a_missing_folder_fails_before_the_replay(tmp_path, vectors_dir, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "nodir" / "accept.png"
+    rc, out, err = run_cli(capsys, "--tokens", vectors_dir / "prose.tokens.i32", "--plot", png, "-q")
+    assert rc == 1 and out == ""
+    assert err == f"ngramcache stats: error: {png}: the directory {png.parent} does not exist\n"
+
+
 # --- a real process --------------------------------------------------------------------
 
 def test_python_m_entry_point(vectors_dir):

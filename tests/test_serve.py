@@ -364,6 +364,25 @@ def test_memory_is_learned_bounded_saved_at_sigterm_and_loaded(tmp_path):
     assert s3.returncode == 1 and "memory" in s3.stderr and "Traceback" not in s3.stderr
 
 
+def _save_under_way(pid: int, folder: Path) -> bool:
+    """Whether the process is writing a temporary file in ``folder``: a named one (file
+    systems without anonymous files) or, on Linux, an anonymous one it holds open, which
+    /proc shows as ``FOLDER/#INODE (deleted)``."""
+    if any(p.name.startswith(".memory.bin") for p in folder.iterdir()):
+        return True
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(f"{folder}/#"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def test_sigkill_while_saving_keeps_the_previous_memory_file(tmp_path):
     path = tmp_path / "memory.bin"
     s = _memory_server(path, "--memory-save-interval", "0.002")  # saves between requests, often
@@ -389,7 +408,7 @@ def test_sigkill_while_saving_keeps_the_previous_memory_file(tmp_path):
         deadline = time.monotonic() + 60
         killed = False
         while time.monotonic() < deadline and not killed:
-            if any(p.name.startswith(".memory.bin.") for p in tmp_path.iterdir()):
+            if _save_under_way(s.proc.pid, tmp_path):
                 s.proc.kill()
                 killed = True
         stop.set()

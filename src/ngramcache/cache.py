@@ -105,7 +105,7 @@ class NgramCache:
     def save(self, path: str | os.PathLike) -> None:
         """Write the cache in llama.cpp's ``lookup.bin`` format (atomically: temp file,
         fsync, rename, so an interrupted save never destroys the previous file)."""
-        self._impl.save(os.fspath(path))
+        self._impl.save(os.fsencode(path))  # bytes: any name the OS allows, UTF-8 or not
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "NgramCache":

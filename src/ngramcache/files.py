@@ -1,7 +1,7 @@
 """Files: one way to open a cache file of either format, token files, the inputs of a
-command (files and directories), and atomic writes (the C++ core writes its own files
-atomically the same way: temporary file beside the target, fsync, rename, fsync of the
-folder).
+command (files and directories), and atomic writes (``atomic_open``, a thin wrapper of the
+C++ core's ``AtomicFile``, which the core's own saves use too: one set of saving rules,
+docs/architecture.md, "Saving files").
 
 A cache file is an ngramcache static table (NGST, recognised by its magic) or a
 llama.cpp ``lookup.bin`` (no header: anything else is read as one).
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
-import tempfile
 from pathlib import Path
 from tokenize import TokenError
 from typing import Iterable
 
 import numpy as np
 
+from . import _core
 from ._validate import as_tokens
 
 __all__ = ["NGST_MAGIC", "atomic_open", "cache_format", "open_cache", "load_counts", "expand_inputs",
@@ -158,39 +157,22 @@ def write_tokens_file(path: str | os.PathLike, tokens) -> None:
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None):
-    """Open a temporary file beside ``path``; on a clean exit fsync it and rename it over
-    ``path``, so an interrupted write never destroys the previous file. On an exception
-    the temporary file is removed and ``path`` is left as it was."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
+    """Open a new file that replaces ``path`` on a clean exit, the way every file of this
+    package is saved: a temporary file beside ``path`` (anonymous where the file system
+    allows), fsynced and renamed over ``path``, then the folder fsynced. On an exception the
+    temporary file is removed and ``path`` is left as it was. A replaced file keeps its mode
+    (and owner and group where permitted), a new one gets 0666 less the umask; a symbolic
+    link is followed and kept. ``mode`` is ``"w"``, ``"wb"``, ``"w+"`` or ``"wb+"``.
+    Errors are OSErrors naming ``path``; a NUL byte in it is a ValueError."""
+    if mode.replace("b", "").replace("t", "") not in ("w", "w+"):
+        raise ValueError(f"atomic_open writes a whole new file: mode must be 'w', 'wb', 'w+' or 'wb+', not {mode!r}")
+    save = _core.AtomicFile(os.fsencode(path))
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    except OSError as e:  # name the file asked for, not the hidden temporary one
-        raise type(e)(e.errno, e.strerror, path) from None
-    try:
-        with os.fdopen(fd, mode, encoding=encoding) as f:
+        # The core owns the descriptor: it closes it on commit or abort.
+        with os.fdopen(save.fd, mode, encoding=encoding, closefd=False) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        save.abort()
         raise
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder: str) -> None:
-    # Makes the rename itself durable; not possible (nor needed) on Windows.
-    if sys.platform.startswith("win"):
-        return
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    save.commit()

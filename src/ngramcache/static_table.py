@@ -110,7 +110,7 @@ class StaticTable:
         """Write the NGST file atomically (temporary file, fsync, rename): an interrupted
         save never leaves a damaged file behind, and a mapped table may be saved over the
         file it maps."""
-        self._impl.save(os.fspath(path))
+        self._impl.save(os.fsencode(path))  # bytes: any name the OS allows, UTF-8 or not
 
     def to_bytes(self) -> bytes:
         """The NGST image (what ``save`` writes)."""
@@ -120,7 +120,7 @@ class StaticTable:
         """Write llama.cpp's ``lookup.bin`` format (atomically), usable as ``-lcs``. Each
         record lists its pairs in an order that makes llama.cpp's loader break a tie
         toward this table's best token. Runs ``verify()`` first, so damage is never exported."""
-        self._impl.save_lookup(os.fspath(path))
+        self._impl.save_lookup(os.fsencode(path))
 
     def to_llama_bytes(self) -> bytes:
         """The ``lookup.bin`` image of ``to_llama``."""

@@ -1,4 +1,4 @@
-// Reading, mapping and atomically replacing files (POSIX).
+// Reading and mapping files, and writing a buffer atomically (POSIX).
 #pragma once
 
 #include <cerrno>
@@ -15,21 +15,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ngram.hpp"  // InputError
+#include "atomic_file.hpp"  // check_path, PathError, AtomicFile
 
 namespace ngramcache {
 
 struct FileNotFound : std::runtime_error {   // -> FileNotFoundError
     using std::runtime_error::runtime_error;
 };
-
-// A path with a NUL byte would be cut short by the C calls below (and name another file):
-// refused, as Python's own open() refuses it.
-inline void check_path(const std::string& path) {
-    const size_t at = path.find('\0');
-    if (at != std::string::npos)
-        throw InputError("path contains a NUL byte (at offset " + std::to_string(at) + ")");
-}
 
 inline std::vector<char> read_file(const std::string& path) {
     check_path(path);
@@ -51,62 +43,12 @@ inline std::vector<char> read_file(const std::string& path) {
     return buf;
 }
 
-namespace detail {
-
-// The folder part of `path` ("." for a bare name), for the fsync that makes a rename durable.
-inline std::string folder_of(const std::string& path) {
-    const size_t slash = path.find_last_of('/');
-    if (slash == std::string::npos) return ".";
-    return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// Best effort, as the Python side's atomic_open: some file systems refuse to sync a folder,
-// and the data itself is already on disk by then.
-inline void fsync_folder(const std::string& folder) {
-    const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return;
-    ::fsync(fd);
-    ::close(fd);
-}
-
-}  // namespace detail
-
-// Writes `data` to `path` so that an interrupted write never destroys the previous file:
-// a temporary file in the same folder, fsync, rename over the target, fsync of the folder
-// (without it the rename itself may be lost on a crash). The temporary file is removed on
-// any failure.
+// Writes `data` to `path` atomically, by the rules in atomic_file.hpp: an interrupted
+// write never destroys the previous file.
 inline void write_file_atomic(const std::string& path, const void* data, size_t size) {
-    check_path(path);
-    std::string tmpl = path + ".tmp.XXXXXX";
-    std::vector<char> name(tmpl.begin(), tmpl.end());
-    name.push_back('\0');
-    const int fd = ::mkstemp(name.data());
-    if (fd < 0) {
-        if (errno == ENOENT) throw FileNotFound(path + ": folder does not exist");
-        throw std::system_error(errno, std::generic_category(), "cannot create a file beside " + path);
-    }
-    const char* p = static_cast<const char*>(data);
-    size_t left = size;
-    int err = 0;
-    while (left > 0) {
-        const ssize_t w = ::write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            err = errno;
-            break;
-        }
-        p += w;
-        left -= static_cast<size_t>(w);
-    }
-    if (err == 0 && ::fchmod(fd, 0644) != 0) err = errno;
-    if (err == 0 && ::fsync(fd) != 0) err = errno;
-    if (::close(fd) != 0 && err == 0) err = errno;
-    if (err == 0 && std::rename(name.data(), path.c_str()) != 0) err = errno;
-    if (err != 0) {
-        std::remove(name.data());
-        throw std::system_error(err, std::generic_category(), "writing " + path);
-    }
-    detail::fsync_folder(detail::folder_of(path));
+    AtomicFile file(path);
+    file.write(data, size);
+    file.commit();
 }
 
 // Bytes that stay valid for as long as any holder keeps them (a file mapping or memory).

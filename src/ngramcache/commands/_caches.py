@@ -29,21 +29,6 @@ def output_format(path: str, fmt: str | None) -> str:
                      f"use a {NGST_EXT} or .bin name, or --format ngst|llama")
 
 
-def check_output_path(out: str, inputs: list[str]) -> None:
-    """Fail before the work, not after it, for an output that cannot be written."""
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise RunError(f"{out}: the directory {parent} does not exist")
-    if os.path.isdir(out):
-        raise RunError(f"{out}: is a directory")
-    for i in inputs:
-        try:
-            if os.path.exists(i) and os.path.exists(out) and os.path.samefile(i, out):
-                raise UsageError(f"{out}: the output would overwrite the input {i}")
-        except OSError:
-            pass
-
-
 def write_cache(cache, path: str, fmt: str) -> None:
     """Write an NgramCache or a StaticTable in either format."""
     from ..static_table import StaticTable

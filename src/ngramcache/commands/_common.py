@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Callable, Iterable, Sequence
@@ -116,3 +117,18 @@ def emit(args, result: dict, *, title: str | None = None, rows: Rows = (), colum
     out.write("".join(parts))
     out.flush()
     return 0
+
+
+def check_output_path(out: str, inputs: Sequence[str] = ()) -> None:
+    """Fail before the work, not after it, for an output that cannot be written."""
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise RunError(f"{out}: the directory {parent} does not exist")
+    if os.path.isdir(out):
+        raise RunError(f"{out}: is a directory")
+    for i in inputs:
+        try:
+            if os.path.exists(i) and os.path.exists(out) and os.path.samefile(i, out):
+                raise UsageError(f"{out}: the output would overwrite the input {i}")
+        except OSError:
+            pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from ._common import UsageError, check_ranges
+from ._common import UsageError, check_output_path, check_ranges
 from ._drafters import add_drafter_flags, drafter_options
 
 
@@ -60,6 +60,8 @@ def build_engine(args, model_default: str = "smollm2"):
         raise UsageError(f"--memory-save-interval must be > 0, got {args.memory_save_interval}")
     if args.memory and args.no_memory:
         raise UsageError("--memory and --no-memory contradict each other")
+    if args.memory and not args.no_memory:
+        check_output_path(args.memory)  # saved while serving: fail now, not at the first save
     options = drafter_options(args)
     template = None
     if args.chat_template_file:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ._caches import add_format_flag, check_output_path, counts, finish, output_format, write_cache
-from ._common import Timer, UsageError, add_output_flags, command_parser
+from ._caches import add_format_flag, counts, finish, output_format, write_cache
+from ._common import Timer, UsageError, add_output_flags, check_output_path, command_parser
 
 DESCRIPTION = """\
 Convert a cache between the two formats: an ngramcache static table (.ngst) and llama.cpp's

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ._caches import add_format_flag, check_output_path, counts, finish, output_format, write_cache
-from ._common import Timer, add_output_flags, command_parser, note
+from ._caches import add_format_flag, counts, finish, output_format, write_cache
+from ._common import Timer, UsageError, add_output_flags, check_output_path, command_parser, note
 from ._inputs import add_text_input, check_text_input, read_text_input
 
 NGRAM_SIZE = 2  # llama.cpp's static cache: LLAMA_NGRAM_STATIC
@@ -43,7 +43,8 @@ def add_parser(sub) -> None:
                      help="file to write (.ngst: static table; .bin: llama.cpp lookup.bin)")
     add_format_flag(out)
     out.add_argument("--save-tokens", metavar="FILE",
-                     help="also write the tokens (raw little-endian int32) for reuse with --tokens")
+                     help="also write the tokens (raw little-endian int32) for reuse with --tokens "
+                          "(with --tokens: a raw copy of them, e.g. of a .npy file)")
     add_output_flags(p, group=out)
 
 
@@ -76,11 +77,16 @@ def run(args) -> int:
 
     check_text_input(args)
     fmt = output_format(args.output, args.format)
-    check_output_path(args.output, [args.tokens] if args.tokens else list(args.files))
+    inputs = [args.tokens] if args.tokens else list(args.files)
+    check_output_path(args.output, inputs)
+    if args.save_tokens:
+        check_output_path(args.save_tokens, inputs)
+        if os.path.abspath(args.save_tokens) == os.path.abspath(args.output):
+            raise UsageError(f"{args.output}: -lcs and --save-tokens name the same file")
     timer = Timer()
     tokens, summary = read_text_input(args, timer)
     summary = {"command": "create", **summary}
-    if args.save_tokens and not args.tokens:
+    if args.save_tokens:
         with timer.stage("save tokens"):
             write_tokens_file(args.save_tokens, tokens)
         summary["tokens_file"] = args.save_tokens

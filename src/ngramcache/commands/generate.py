@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from ._common import UsageError, add_output_flags, check_ranges, command_parser, emit
+from ._common import UsageError, add_output_flags, check_output_path, check_ranges, command_parser, emit
 from ._drafters import add_drafter_flags, build_drafter, drafter_options
 from ._inputs import add_prompt_input, add_threads_flag, read_prompt
 
@@ -85,6 +85,8 @@ def run(args) -> int:
     drafter_options(args)
     if args.drafter not in ("lookup", "copy") and (args.lookup_cache_static or args.lookup_cache_dynamic):
         raise UsageError(f"-lcs and -lcd apply to --drafter lookup or copy, not {args.drafter}")
+    if args.lookup_cache_dynamic:
+        check_output_path(args.lookup_cache_dynamic)  # written after the generation
     prompt = read_prompt(args)
     model = model_path(args.model)
 

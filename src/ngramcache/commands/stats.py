@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ._common import RunError, Timer, UsageError, add_output_flags, check_ranges, command_parser, emit, note
+from ._common import (RunError, Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser,
+                      emit, note)
 from ._drafters import add_drafter_flags, build_drafter, drafter_options
 from ._inputs import add_text_input, check_text_input, read_text_input
 
@@ -80,6 +81,7 @@ def run(args) -> int:
         except ImportError:
             raise RunError("--plot needs matplotlib, which is not installed: "
                            "pip install 'ngramcache[plot]' (or pip install matplotlib)") from None
+        check_output_path(args.plot)
 
     timer = Timer()
     tokens, _ = read_text_input(args, timer)
@@ -108,6 +110,6 @@ def run(args) -> int:
         try:
             stats.plot(args.plot)
         except OSError as e:
-            raise RunError(f"cannot write the plot {args.plot}: {e}") from None
+            raise RunError(f"cannot write the plot {args.plot}: {e.strerror or e}") from None
         note(args, f"wrote {args.plot}")
     return 0
