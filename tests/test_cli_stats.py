@@ -167,7 +167,7 @@ def tokens_file(tmp_path, n) -> Path:
 @pytest.mark.parametrize("argv, code, match", [
     (["-c", "1"], 2, "-c/--ctx-size must be >= 2"),
     (["-c", "-5"], 2, "-c/--ctx-size must be >= 2"),
-    (["--spec-draft-n-max", "-1"], 2, "--spec-draft-n-max must be >= 0"),
+    (["--spec-draft-n-max", "-1"], 2, "--spec-draft-n-max must be 0 to 65536"),
 ])
 def test_cli_bad_numbers(vectors_dir, capsys, argv, code, match):
     rc, out, err = run_cli(capsys, "--tokens", vectors_dir / "prose.tokens.i32", *argv)
