@@ -666,18 +666,19 @@ void register_sorted_runs(py::module_& m) {
           },
           "cache"_a, "rank"_a, "llama_order"_a);
     m.def("merge_runs_ngst",
-          [](const std::vector<std::string>& paths, const std::string& out, bool from_tokens, size_t block_entries) {
+          [](const std::vector<std::string>& paths, const std::string& out, int ngram_size, bool from_tokens,
+             size_t block_entries) {
               runs::MergeCounts c;
               nogil([&] {
                   const ngst::Image img = runs::merge_to_ngst(
-                      paths, from_tokens ? ngst::Source::tokens : ngst::Source::cache,
+                      paths, ngram_size, from_tokens ? ngst::Source::tokens : ngst::Source::cache,
                       from_tokens ? runs::BestRule::tokens : runs::BestRule::cache, block_entries, c);
                   write_file_atomic(out, img.bytes.get(), img.size);
                   return 0;
               });
               return py::make_tuple(c.keys, c.entries, c.total);
           },
-          "paths"_a, "out"_a, "from_tokens"_a, "block_entries"_a);
+          "paths"_a, "out"_a, "ngram_size"_a, "from_tokens"_a, "block_entries"_a);
     m.def("merge_runs_lookup",
           [](const std::vector<std::string>& paths, const std::string& out, const std::string& spool,
              size_t block_entries) {

@@ -162,9 +162,14 @@ def count_shard(shard: Shard, tokenizer_spec: tuple[str, str], escape: bool, pie
                 ngram_size: int) -> ShardCounts:
     """Tokenize a shard and count the n-grams that lie wholly inside it (runs on a worker)."""
     tokens = tokenize_shard(shard, _tokenizer(tuple(tokenizer_spec)), escape, piece_bytes)
+    return shard_counts(shard.rank, tokens, ngram_size)
+
+
+def shard_counts(rank: int, tokens: np.ndarray, ngram_size: int) -> ShardCounts:
+    """The run of the observations inside the ``rank``-th shard's ``tokens`` (int32)."""
     n = ngram_size
-    run = _core.run_from_tokens([(tokens, shard.rank, n, n)], n)
-    return ShardCounts(shard.rank, run, int(tokens.size), tokens[:n].copy(), tokens[-n:].copy() if n else tokens[:0])
+    run = _core.run_from_tokens([(tokens, rank, n, n)], n)
+    return ShardCounts(rank, run, int(tokens.size), tokens[:n].copy(), tokens[max(0, tokens.size - n):].copy())
 
 
 def boundary_run(counts: Sequence[ShardCounts], ngram_size: int) -> bytes:
@@ -197,15 +202,17 @@ def _write_run(path: Path, run: bytes) -> None:
         f.write(run)
 
 
-def merge_runs(paths: Sequence[str | os.PathLike], out: str | os.PathLike, fmt: str, *, from_tokens: bool) -> dict:
+def merge_runs(paths: Sequence[str | os.PathLike], out: str | os.PathLike, fmt: str, *, from_tokens: bool,
+               ngram_size: int = 0) -> dict:
     """Merge run files into ``out`` (written atomically) as an NGST table (``fmt="ngst"``;
     best tokens as ``StaticTable.build`` picks them when ``from_tokens``, else as
     ``StaticTable.from_cache`` does) or a llama.cpp lookup.bin (``fmt="llama"``).
+    ``ngram_size``: the size of every key (0: the runs' own, 2 when they are empty).
     Returns the result's {"keys", "entries", "total_count"}."""
     paths = [os.fspath(p) for p in paths]
     out = os.fspath(out)
     if fmt == "ngst":
-        figures = _core.merge_runs_ngst(paths, out, from_tokens, BLOCK_ENTRIES)
+        figures = _core.merge_runs_ngst(paths, out, ngram_size, from_tokens, BLOCK_ENTRIES)
     elif fmt == "llama":
         folder = os.path.dirname(os.path.abspath(out))
         spool = os.path.join(folder, f".{os.path.basename(out)}.{uuid.uuid4().hex}.records")
@@ -283,46 +290,53 @@ def _accepts_n_workers(client) -> bool:
     return "n_workers" in inspect.signature(client.scheduler_info).parameters
 
 
+def _collect_runs(client, shards: list[Shard], spool: Path, args: tuple, progress) -> list[ShardCounts]:
+    """Submit every shard, spool each run as it arrives and let its worker drop it."""
+    distributed = _distributed()
+    run_id = uuid.uuid4().hex[:12]
+    futures = [client.submit(count_shard, s, *args, key=f"ngramcache-count-{run_id}-{s.rank}", pure=False)
+               for s in shards]
+    counts = []
+    try:
+        for fut in distributed.as_completed(futures):
+            c = fut.result()
+            fut.release()
+            _write_run(spool / f"shard-{c.rank:06d}.run", c.run)
+            c.run = b""  # the spooled file holds it now
+            counts.append(c)
+            if progress is not None:
+                progress.update(shards[c.rank].nbytes)
+    finally:
+        for fut in futures:
+            fut.cancel()
+    return counts
+
+
 def create_sharded(files: Sequence[str | os.PathLike], out: str | os.PathLike, fmt: str, client, *,
                    tokenizer_spec: tuple[str, str], escape: bool = True, piece_bytes: int | None = None,
-                   shard_bytes: int | None = None, ngram_size: int = 2, progress=None) -> dict:
+                   shard_bytes: int | None = None, ngram_size: int = 2, progress=None, timer=None) -> dict:
     """Count ``files`` on the workers of ``client`` and write the static cache ``out``
     (``fmt``: "ngst" or "llama"), byte for byte what the single-process ``create``
-    writes. Returns {"tokens", "shards", "keys", "entries", "total_count"}. ``progress.update(n_bytes)`` is called as each
-    shard's run arrives."""
+    writes. Returns {"tokens", "shards", "keys", "entries", "total_count"}.
+    ``progress.update(n_bytes)`` is called as each shard's run arrives; ``timer`` (a
+    ``Timer`` of ngramcache.commands) times the stages "count shards" and "merge"."""
     from .text import DEFAULT_PIECE_BYTES
 
-    distributed = _distributed()
     piece_bytes = DEFAULT_PIECE_BYTES if piece_bytes is None else piece_bytes
-    total_bytes = sum(os.path.getsize(f) for f in files)
     if shard_bytes is None:
+        total_bytes = sum(os.path.getsize(f) for f in files)
         shard_bytes = default_shard_bytes(total_bytes, worker_slots(client))
     shards = plan_shards(files, shard_bytes)
-    run_id = uuid.uuid4().hex[:12]
+    stage = timer.stage if timer is not None else (lambda name: contextlib.nullcontext())
     with _spool_folder(out) as spool:
-        futures = [client.submit(count_shard, s, tuple(tokenizer_spec), escape, piece_bytes, ngram_size,
-                                 key=f"ngramcache-count-{run_id}-{s.rank}", pure=False) for s in shards]
-        by_rank = {s.rank: s for s in shards}
-        counts: list[ShardCounts] = []
-        paths = []
-        try:
-            for fut in distributed.as_completed(futures):
-                c = fut.result()
-                fut.release()
-                path = spool / f"shard-{c.rank:06d}.run"
-                _write_run(path, c.run)
-                paths.append(path)
-                c.run = b""  # the spooled file holds it now
-                counts.append(c)
-                if progress is not None:
-                    progress.update(by_rank[c.rank].nbytes)
-        finally:
-            for fut in futures:
-                fut.cancel()
-        edge = spool / "boundaries.run"
-        _write_run(edge, boundary_run(counts, ngram_size))
-        paths.append(edge)
-        figures = merge_runs(sorted(paths), out, fmt, from_tokens=True)
+        with stage("count shards"):
+            counts = _collect_runs(client, shards, spool,
+                                   (tuple(tokenizer_spec), escape, piece_bytes, ngram_size), progress)
+        with stage("merge"):
+            edge = spool / "boundaries.run"
+            _write_run(edge, boundary_run(counts, ngram_size))
+            figures = merge_runs(sorted(spool.glob("*.run")), out, fmt, from_tokens=True,
+                                 ngram_size=ngram_size)
     return {"tokens": sum(c.n_tokens for c in counts), "shards": len(shards), **figures}
 
 
@@ -330,25 +344,37 @@ def create_sharded(files: Sequence[str | os.PathLike], out: str | os.PathLike, f
 # Merging cache files
 # ----------------------------------------------------------------------------------------
 
-def merge_cache_files(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, fmt: str, progress=None) -> dict:
+def merge_cache_files(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, fmt: str, progress=None,
+                      timer=None) -> dict:
     """What ``NgramCache`` merges of the inputs (in order, either format) write, byte for
     byte, holding one input in memory at a time. Returns {"keys", "entries",
-    "total_count"} of the result."""
-    from .files import load_counts
-
+    "total_count"} of the result. ``progress.update(1)`` is called as each input is read;
+    ``timer`` times the stages "read inputs" and "merge"."""
+    stage = timer.stage if timer is not None else (lambda name: contextlib.nullcontext())
     with _spool_folder(out) as spool:
-        paths = []
-        for rank, path in enumerate(inputs):
-            cache = load_counts(path)
-            run_path = spool / f"input-{rank:06d}.run"
-            _write_run(run_path, _core.run_from_cache(cache._impl, rank, rank > 0))
-            del cache
-            paths.append(run_path)
-            if progress is not None:
-                progress.update(1)
+        with stage("read inputs"):
+            paths = _runs_of_inputs(inputs, spool, progress)
         sizes = sorted({n for p in paths for n in run_header(p)["sizes"]})
         if fmt == "ngst" and len(sizes) > 1:
             raise ValueError(f"a static table (.ngst) holds n-grams of one size, these counts have sizes "
                              f"{', '.join(map(str, sizes))} (a context or dynamic cache?): write a llama.cpp "
                              f".bin file instead")
-        return merge_runs(paths, out, fmt, from_tokens=False)
+        with stage("merge"):
+            return merge_runs(paths, out, fmt, from_tokens=False)
+
+
+def _runs_of_inputs(inputs, spool: Path, progress) -> list[Path]:
+    """Each input cache as a run file, loaded one at a time: the merge's starting cache
+    ranked in insertion order, the others in the order a merge walks them."""
+    from .files import load_counts
+
+    paths = []
+    for rank, path in enumerate(inputs):
+        cache = load_counts(path)
+        run_path = spool / f"input-{rank:06d}.run"
+        _write_run(run_path, _core.run_from_cache(cache._impl, rank, rank > 0))
+        del cache
+        paths.append(run_path)
+        if progress is not None:
+            progress.update(1)
+    return paths

@@ -407,26 +407,31 @@ struct MergeCounts {
     uint64_t keys = 0, entries = 0, total = 0;
 };
 
-inline int single_size(uint32_t sizes) {
-    if (sizes == 0) return kNgramStatic;
+// The one n-gram size of the runs; `n` (0: none) is the size to use when they are empty.
+inline int single_size(uint32_t sizes, int n) {
+    if (n != 0 && (sizes & ~(1u << n)))
+        throw InputError("the runs hold n-grams of another size than " + std::to_string(n));
+    if (sizes == 0) return n != 0 ? n : kNgramStatic;
     if (sizes & (sizes - 1))
         throw InputError("a static table (.ngst) holds n-grams of one size; these runs hold several");
-    int n = 1;
-    while (!(sizes & (1u << n))) ++n;
-    return n;
+    int size = 1;
+    while (!(sizes & (1u << size))) ++size;
+    return size;
 }
 
-// The NGST image of the merged runs: one merge pass for the layout (hash and entry count
-// per key), a second that fills the records in key order.
-inline ngst::Image merge_to_ngst(const std::vector<std::string>& paths, ngst::Source src, BestRule rule,
-                                 size_t block_entries, MergeCounts& counts) {
+// The NGST image of the merged runs (of n-grams of size n; 0: whatever size they hold):
+// one merge pass for the layout (hash and entry count per key), a second that fills the
+// records in key order.
+inline ngst::Image merge_to_ngst(const std::vector<std::string>& paths, int ngram_size, ngst::Source src,
+                                 BestRule rule, size_t block_entries, MergeCounts& counts) {
+    if (ngram_size != 0) ngst::check_ngram_size(ngram_size);
     ngst::check_host();
     std::vector<uint32_t> hash_hi, ntok;
     uint64_t total = 0;
     int n = kNgramStatic;
     {
         Merger m(paths, block_entries);
-        n = single_size(m.sizes());
+        n = single_size(m.sizes(), ngram_size);
         KeyGroup g;
         while (m.next(g)) {
             if (g.sum > ngst::kMaxU32)
