@@ -4,11 +4,14 @@ the bytes of NgramCache.merge, in both formats."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from ngramcache import NgramCache, StaticTable, sharded
+from conftest import run_cli
 from ngramcache.commands._caches import cache_to_table
 
 
@@ -154,3 +157,36 @@ def test_plan_shards_groups_small_files_and_splits_large_ones(tmp_path):
         [("4.txt", 0, 1), ("5.txt", 0, 1)]]
     assert [s.rank for s in shards] == list(range(6))
     assert sum(s.nbytes for s in shards) == sum(sizes)
+
+
+# -- the command line, without a cluster ---------------------------------------------------
+
+@pytest.mark.parametrize("flags, msg", [
+    (["--workers", "0"], "--workers must be at least 1"),
+    (["--workers", "2", "--scheduler", "tcp://h:1"], "not both"),
+    (["--workers", "2", "-j", "2"], "every Dask worker tokenizes its own shards"),
+    (["--workers", "2", "--save-tokens", "t.i32"], "--save-tokens needs every token"),
+    (["--shard-size", "100"], "--shard-size goes with --workers"),
+    (["--workers", "2", "--shard-size", "0"], "--shard-size must be at least 1"),
+])
+def test_create_distributed_usage_errors(tmp_path, capsys, flags, msg):
+    (tmp_path / "a.txt").write_text("hello")
+    rc, out, err = run_cli(capsys, "create", "--tokenizer", tmp_path / "tok.json", "-f", tmp_path / "a.txt",
+                           "-lcs", tmp_path / "o.ngst", *flags)
+    assert rc == 2 and msg in err and not (tmp_path / "o.ngst").exists()
+
+
+def test_create_distributed_with_token_file_is_a_usage_error(tmp_path, capsys):
+    rc, out, err = run_cli(capsys, "create", "--tokens", tmp_path / "t.i32", "--workers", "2",
+                           "-lcs", tmp_path / "o.ngst")
+    assert rc == 2 and "--tokens is counted in this process" in err
+
+
+def test_without_dask_one_line_names_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import fails as if not installed
+    (tmp_path / "a.txt").write_text("hello")
+    rc, out, err = run_cli(capsys, "create", "--tokenizer", tmp_path / "tok.json", "-f", tmp_path / "a.txt",
+                           "-lcs", tmp_path / "o.ngst", "--workers", "2")
+    assert rc == 1 and out == ""
+    assert err.splitlines() == ["ngramcache create: error: --workers and --scheduler need Dask: "
+                                "pip install 'ngramcache[distributed]'"]
