@@ -52,7 +52,8 @@ def add_parser(sub) -> None:
     add_output_flags(p, group=out)
     dist = p.add_argument_group("distributed counting (needs the 'distributed' extra: Dask)")
     dist.add_argument("--workers", type=int, default=None, metavar="N",
-                      help="count on a local Dask cluster of N worker processes (N > 1; 1 = this process)")
+                      help="count on a local Dask cluster of N worker processes (without --workers or "
+                           "--scheduler, create counts in this process)")
     dist.add_argument("--scheduler", metavar="ADDRESS",
                       help="count on the workers of a running Dask scheduler, e.g. tcp://host:8786 (every "
                            "worker needs ngramcache and the model or tokenizer file at the same path)")
@@ -91,9 +92,9 @@ def _sharded(args) -> bool:
                         ("shard_size", 1, "--shard-size must be at least 1")])
     if args.workers is not None and args.scheduler:
         raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS (a running one), not both")
-    if not (args.scheduler or (args.workers or 1) > 1):
+    if not (args.scheduler or args.workers):
         if args.shard_size is not None:
-            raise UsageError("--shard-size goes with --workers N (N > 1) or --scheduler ADDRESS")
+            raise UsageError("--shard-size goes with --workers N or --scheduler ADDRESS")
         return False
     if args.tokens:
         raise UsageError("--workers and --scheduler shard text (-f FILE with a tokenizer); "
@@ -135,7 +136,8 @@ def _run_sharded(args, fmt: str) -> int:
                                     shard_bytes=args.shard_size, ngram_size=NGRAM_SIZE, progress=bar,
                                     timer=timer)
     finally:
-        close_client(client)
+        with timer.stage("stop cluster"):
+            close_client(client)
     summary = {"command": "create", "inputs": [str(f) for f in files], "input_bytes": total}
     if skipped:
         summary["skipped_binary_files"] = [str(s) for s in skipped]
