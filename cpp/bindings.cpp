@@ -658,13 +658,16 @@ void register_sorted_runs(py::module_& m) {
               return run_bytes(nogil([&] { return runs::run_from_tokens(s, ngram_size); }));
           },
           "stretches"_a, "ngram_size"_a);
-    m.def("run_from_cache",
-          [run_bytes](const SharedCache& cache, uint64_t rank, bool llama_order) {
-              return run_bytes(nogil([&] {
-                  return cache.read([&](const NgramCache& c) { return runs::run_from_cache(c, rank, llama_order); });
-              }));
+    m.def("save_run_from_cache",
+          [](const SharedCache& cache, uint64_t rank, bool llama_order, const std::string& path) {
+              nogil([&] {
+                  std::vector<runs::RunEntry> entries =
+                      cache.read([&](const NgramCache& c) { return runs::cache_entries(c, rank, llama_order); });
+                  runs::save_run(entries, path);
+                  return 0;
+              });
           },
-          "cache"_a, "rank"_a, "llama_order"_a);
+          "cache"_a, "rank"_a, "llama_order"_a, "path"_a);
     m.def("merge_runs_ngst",
           [](const std::vector<std::string>& paths, const std::string& out, int ngram_size, bool from_tokens,
              size_t block_entries) {

@@ -100,7 +100,8 @@ TEST(cache_runs_merge_like_ngramcache_merge) {
             const Tokens t = test::random_stream(rng, rng() % 800, token_t(2 + rng() % 25));
             caches.back()->update(t.data(), t.size(), lo, hi, t.size());
             paths.push_back(dir.file("in" + std::to_string(i)));
-            write_bytes(paths.back(), runs::run_from_cache(*caches.back(), uint64_t(i), i > 0));
+            std::vector<runs::RunEntry> entries = runs::cache_entries(*caches.back(), uint64_t(i), i > 0);
+            runs::save_run(entries, paths.back());
         }
         // What a merge starting from a copy of the first cache gives: its file, loaded.
         const std::vector<char> first = serialize_lookup(*caches[0]);
@@ -109,7 +110,8 @@ TEST(cache_runs_merge_like_ngramcache_merge) {
         {
             NgramCache again;
             load_lookup(again, first.data(), first.size(), "first");
-            write_bytes(reloaded[0], runs::run_from_cache(again, 0, false));
+            std::vector<runs::RunEntry> entries = runs::cache_entries(again, 0, false);
+            runs::save_run(entries, reloaded[0]);
         }
         for (size_t i = 1; i < caches.size(); ++i) {
             merged.merge(*caches[i]);

@@ -39,8 +39,8 @@ import numpy as np
 
 from . import _core
 
-__all__ = ["Shard", "plan_shards", "tokenize_shard", "count_shard", "create_sharded", "merge_cache_files",
-           "local_client", "connect", "DASK_MISSING"]
+__all__ = ["Shard", "ShardCounts", "plan_shards", "tokenize_shard", "count_shard", "shard_counts", "boundary_run",
+           "merge_runs", "create_sharded", "merge_cache_files", "local_client", "connect", "close_client"]
 
 BLOCK_ENTRIES = 1 << 16
 RUN_HEADER = struct.Struct("<4sI I4x Q Q")  # magic, version, n-gram sizes bitmask, entries, total
@@ -251,8 +251,8 @@ def _distributed():
 
 
 def local_client(n_workers: int):
-    """A Client of a new LocalCluster of ``n_workers`` single-threaded worker processes
-    (closing the client closes the cluster)."""
+    """A Client of a new LocalCluster of ``n_workers`` single-threaded worker processes;
+    :func:`close_client` closes both."""
     import logging
 
     distributed = _distributed()
@@ -273,6 +273,7 @@ def connect(address: str, timeout: float = 30):
 
 
 def close_client(client) -> None:
+    """Close a client, and the local cluster :func:`local_client` started for it."""
     cluster = getattr(client, "_ngramcache_cluster", None)
     client.close()
     if cluster is not None:
@@ -280,14 +281,8 @@ def close_client(client) -> None:
 
 
 def worker_slots(client) -> int:
-    workers = client.scheduler_info(n_workers=-1)["workers"] if _accepts_n_workers(client) else \
-        client.scheduler_info()["workers"]
-    return max(1, sum(int(w.get("nthreads", 1)) for w in workers.values()))
-
-
-def _accepts_n_workers(client) -> bool:
-    import inspect
-    return "n_workers" in inspect.signature(client.scheduler_info).parameters
+    """Tasks the cluster runs at once: its workers' threads."""
+    return max(1, sum(client.nthreads().values()))
 
 
 def _collect_runs(client, shards: list[Shard], spool: Path, args: tuple, progress) -> list[ShardCounts]:
@@ -322,6 +317,8 @@ def create_sharded(files: Sequence[str | os.PathLike], out: str | os.PathLike, f
     ``Timer`` of ngramcache.commands) times the stages "count shards" and "merge"."""
     from .text import DEFAULT_PIECE_BYTES
 
+    if fmt not in ("ngst", "llama"):
+        raise ValueError(f"fmt must be 'ngst' or 'llama', got {fmt!r}")
     piece_bytes = DEFAULT_PIECE_BYTES if piece_bytes is None else piece_bytes
     if shard_bytes is None:
         total_bytes = sum(os.path.getsize(f) for f in files)
@@ -372,7 +369,7 @@ def _runs_of_inputs(inputs, spool: Path, progress) -> list[Path]:
     for rank, path in enumerate(inputs):
         cache = load_counts(path)
         run_path = spool / f"input-{rank:06d}.run"
-        _write_run(run_path, _core.run_from_cache(cache._impl, rank, rank > 0))
+        _core.save_run_from_cache(cache._impl, rank, rank > 0, os.fspath(run_path))
         del cache
         paths.append(run_path)
         if progress is not None:

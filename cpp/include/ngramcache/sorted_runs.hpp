@@ -108,9 +108,66 @@ inline RunHeader parse_header(const uint8_t* in, uint64_t file_size, const std::
     return h;
 }
 
-// The run image of `entries` (any order; a pair may repeat: counts add up, the earliest
-// sighting and its ranks stay).
-inline std::vector<uint8_t> run_image(std::vector<RunEntry>& entries) {
+// A file written through a buffer into a temporary file beside `path`, renamed over it
+// by commit() after an fsync; removed if never committed.
+class AtomicWriter {
+public:
+    explicit AtomicWriter(const std::string& path) : path_(path) {
+        check_path(path);
+        std::string tmpl = path + ".tmp.XXXXXX";
+        name_.assign(tmpl.begin(), tmpl.end());
+        name_.push_back('\0');
+        const int fd = ::mkstemp(name_.data());
+        if (fd < 0) {
+            if (errno == ENOENT) throw FileNotFound(path + ": folder does not exist");
+            throw std::system_error(errno, std::generic_category(), "cannot create a file beside " + path);
+        }
+        f_ = ::fdopen(fd, "wb");
+        if (f_ == nullptr) {
+            const int e = errno;
+            ::close(fd);
+            std::remove(name_.data());
+            throw std::system_error(e, std::generic_category(), path);
+        }
+    }
+    AtomicWriter(const AtomicWriter&) = delete;
+    AtomicWriter& operator=(const AtomicWriter&) = delete;
+    ~AtomicWriter() {
+        if (f_ != nullptr) {
+            std::fclose(f_);
+            std::remove(name_.data());
+        }
+    }
+
+    void write(const void* data, size_t size) {
+        if (size && std::fwrite(data, 1, size, f_) != size) fail(errno);
+    }
+
+    void commit() {
+        int err = 0;
+        if (std::fflush(f_) != 0) err = errno;
+        if (err == 0 && ::fchmod(::fileno(f_), 0644) != 0) err = errno;
+        if (err == 0 && ::fsync(::fileno(f_)) != 0) err = errno;
+        if (std::fclose(f_) != 0 && err == 0) err = errno;
+        f_ = nullptr;
+        if (err == 0 && std::rename(name_.data(), path_.c_str()) != 0) err = errno;
+        if (err != 0) {
+            std::remove(name_.data());
+            throw std::system_error(err, std::generic_category(), "writing " + path_);
+        }
+        detail::fsync_folder(detail::folder_of(path_));
+    }
+
+private:
+    [[noreturn]] void fail(int err) { throw std::system_error(err, std::generic_category(), "writing " + path_); }
+    std::string path_;
+    std::vector<char> name_;
+    FILE* f_ = nullptr;
+};
+
+// Sorts `entries` into run order and adds up repeated pairs (the earliest sighting and
+// its ranks stay); returns the run's header.
+inline RunHeader sort_run(std::vector<RunEntry>& entries) {
     ngst::check_host();
     std::sort(entries.begin(), entries.end(), [](const RunEntry& a, const RunEntry& b) {
         const int c = compare_pair(a, b);
@@ -132,10 +189,27 @@ inline std::vector<uint8_t> run_image(std::vector<RunEntry>& entries) {
     }
     entries.resize(out);
     h.n_entries = out;
-    std::vector<uint8_t> img(kHeaderSize + out * sizeof(RunEntry));
+    return h;
+}
+
+// The run image of `entries` (any order; a pair may repeat).
+inline std::vector<uint8_t> run_image(std::vector<RunEntry>& entries) {
+    const RunHeader h = sort_run(entries);
+    std::vector<uint8_t> img(kHeaderSize + entries.size() * sizeof(RunEntry));
     put_header(img.data(), h);
-    if (out) std::memcpy(img.data() + kHeaderSize, entries.data(), out * sizeof(RunEntry));
+    if (!entries.empty()) std::memcpy(img.data() + kHeaderSize, entries.data(), entries.size() * sizeof(RunEntry));
     return img;
+}
+
+// The run of `entries` written to `path` (atomically), without an image in memory.
+inline void save_run(std::vector<RunEntry>& entries, const std::string& path) {
+    const RunHeader h = sort_run(entries);
+    uint8_t head[kHeaderSize];
+    put_header(head, h);
+    AtomicWriter w(path);
+    w.write(head, kHeaderSize);
+    w.write(entries.data(), entries.size() * sizeof(RunEntry));
+    w.commit();
 }
 
 inline void check_rank(uint64_t rank) {
@@ -183,10 +257,10 @@ inline std::vector<uint8_t> run_from_tokens(const std::vector<TokenStretch>& str
     return run_image(entries);
 }
 
-// The counts of `cache` as a run. With `llama_order`, keys are ranked in the order
-// llama.cpp's outer map visits them (how common_ngram_cache_merge walks a cache it adds),
-// else in insertion order (the cache a merge starts from).
-inline std::vector<uint8_t> run_from_cache(const NgramCache& cache, uint64_t rank, bool llama_order) {
+// The counts of `cache` as run entries (unsorted). With `llama_order`, keys are ranked in
+// the order llama.cpp's outer map visits them (how common_ngram_cache_merge walks a cache
+// it adds), else in insertion order (the cache a merge starts from).
+inline std::vector<RunEntry> cache_entries(const NgramCache& cache, uint64_t rank, bool llama_order) {
     check_rank(rank);
     std::vector<uint32_t> order;
     if (llama_order) {
@@ -217,7 +291,7 @@ inline std::vector<uint8_t> run_from_cache(const NgramCache& cache, uint64_t ran
             entries.push_back(e);
         }
     }
-    return run_image(entries);
+    return entries;
 }
 
 // Reads a run file a block at a time.
@@ -457,63 +531,6 @@ inline ngst::Image merge_to_ngst(const std::vector<std::string>& paths, int ngra
     };
     return ngst::image_from_sorted_keys(n, src, std::move(hash_hi), ntok, total, fill);
 }
-
-// A file written through a buffer into a temporary file beside `path`, renamed over it
-// by commit() after an fsync; removed if never committed.
-class AtomicWriter {
-public:
-    explicit AtomicWriter(const std::string& path) : path_(path) {
-        check_path(path);
-        std::string tmpl = path + ".tmp.XXXXXX";
-        name_.assign(tmpl.begin(), tmpl.end());
-        name_.push_back('\0');
-        const int fd = ::mkstemp(name_.data());
-        if (fd < 0) {
-            if (errno == ENOENT) throw FileNotFound(path + ": folder does not exist");
-            throw std::system_error(errno, std::generic_category(), "cannot create a file beside " + path);
-        }
-        f_ = ::fdopen(fd, "wb");
-        if (f_ == nullptr) {
-            const int e = errno;
-            ::close(fd);
-            std::remove(name_.data());
-            throw std::system_error(e, std::generic_category(), path);
-        }
-    }
-    AtomicWriter(const AtomicWriter&) = delete;
-    AtomicWriter& operator=(const AtomicWriter&) = delete;
-    ~AtomicWriter() {
-        if (f_ != nullptr) {
-            std::fclose(f_);
-            std::remove(name_.data());
-        }
-    }
-
-    void write(const void* data, size_t size) {
-        if (size && std::fwrite(data, 1, size, f_) != size) fail(errno);
-    }
-
-    void commit() {
-        int err = 0;
-        if (std::fflush(f_) != 0) err = errno;
-        if (err == 0 && ::fchmod(::fileno(f_), 0644) != 0) err = errno;
-        if (err == 0 && ::fsync(::fileno(f_)) != 0) err = errno;
-        if (std::fclose(f_) != 0 && err == 0) err = errno;
-        f_ = nullptr;
-        if (err == 0 && std::rename(name_.data(), path_.c_str()) != 0) err = errno;
-        if (err != 0) {
-            std::remove(name_.data());
-            throw std::system_error(err, std::generic_category(), "writing " + path_);
-        }
-        detail::fsync_folder(detail::folder_of(path_));
-    }
-
-private:
-    [[noreturn]] void fail(int err) { throw std::system_error(err, std::generic_category(), "writing " + path_); }
-    std::string path_;
-    std::vector<char> name_;
-    FILE* f_ = nullptr;
-};
 
 // The merged runs as llama.cpp's lookup.bin, written to `path` atomically: what
 // common_ngram_cache_save writes for the cache whose insertions the runs record (keys in

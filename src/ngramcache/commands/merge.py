@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ._caches import add_format_flag, check_output_path, finish, output_format
-from ._common import RunError, Timer, UsageError, add_output_flags, command_parser
+from ._common import Timer, UsageError, add_output_flags, command_parser
 
 DESCRIPTION = """\
 Merge n-gram caches into one, as llama-lookup-merge does: the counts of equal
@@ -45,12 +45,7 @@ def run(args) -> int:
     formats = [cache_format(p) for p in inputs]  # every input checked before the slow part
     timer = Timer()
     with Progress(total=len(inputs), desc="reading", unit="files", quiet=args.quiet) as bar:
-        try:
-            figures = merge_cache_files(inputs, out, fmt, progress=bar, timer=timer)
-        except ValueError as e:
-            if "holds n-grams of one size" in str(e):
-                raise RunError(str(e)) from None
-            raise
+        figures = merge_cache_files(inputs, out, fmt, progress=bar, timer=timer)
     summary = {"command": "merge", "inputs": inputs, "input_formats": formats, **figures,
                "output": out, "format": fmt, "file_bytes": os.path.getsize(out)}
     return finish(args, summary, timer)
