@@ -1,5 +1,7 @@
 """``create`` in one process against ``create --workers N`` (a Dask LocalCluster), on the
-Python standard library's ``*.py`` files, side by side in one run.
+Python standard library's ``*.py`` files, side by side in one run; with ``--merge K``,
+``merge`` of K tables instead: the streaming merge of sorted runs against adding the
+inputs up in one ``NgramCache`` (how ``merge`` worked before).
 
 Every configuration runs as its own ``ngramcache create ... --json`` process, the
 configurations taking turns in each round so that a busy machine slows them alike. For
@@ -10,6 +12,7 @@ byte-identical to the single-process one.
 
     python bench/bench_sharded.py                      # all of the stdlib, 3 rounds
     python bench/bench_sharded.py --root /usr/lib/python3.11 --rounds 1 --limit-mb 4
+    python bench/bench_sharded.py --merge 8 --rounds 3     # 8 tables of the stdlib stream
 """
 
 from __future__ import annotations
@@ -58,6 +61,74 @@ def run_create(files: list[Path], out: Path, model: str, extra: list[str]) -> di
     return s
 
 
+IN_MEMORY_MERGE = """
+import json, os, resource, sys, time
+from ngramcache.files import load_counts
+from ngramcache.commands._caches import write_cache
+t = time.perf_counter()
+*inputs, out = sys.argv[1:]
+merged = load_counts(inputs[0])
+for p in inputs[1:]:
+    merged.merge(load_counts(p))
+write_cache(merged, out, "ngst")
+print(json.dumps({"seconds": time.perf_counter() - t,
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+BUILD_INPUTS = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from stdlib_stream import stdlib_tokens
+from ngramcache import StaticTable
+tokens = stdlib_tokens(7_900_000)  # nearly all of it (7.93 M with CPython 3.11.7)
+for path, part in zip(sys.argv[2:], np.array_split(tokens, len(sys.argv) - 2)):
+    StaticTable.build(np.ascontiguousarray(part), 2).save(path)
+print(tokens.size)
+"""
+
+
+def bench_merge(k: int, rounds: int) -> int:
+    """K tables of consecutive slices of the stdlib token stream, merged both ways."""
+    rows: dict[str, list[dict]] = {"streaming (merge)": [], "in one NgramCache (before)": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs = [Path(tmp) / f"in{i}.ngst" for i in range(k)]
+        # In another process: a child's peak RSS starts at its parent's size when forked,
+        # so this process stays small.
+        n_tokens = int(subprocess.run([sys.executable, "-c", BUILD_INPUTS, str(Path(__file__).resolve().parent),
+                                       *map(str, inputs)], capture_output=True, text=True, check=True).stdout)
+        in_bytes = sum(p.stat().st_size for p in inputs)
+        shas = set()
+        for r in range(rounds):
+            out = Path(tmp) / "out.ngst"
+            t = time.perf_counter()
+            res = subprocess.run([sys.executable, "-m", "ngramcache", "merge", *map(str, inputs), str(out),
+                                  "--json", "-q"], capture_output=True, text=True, check=True)
+            s = json.loads(res.stdout)
+            s["wall_seconds"] = time.perf_counter() - t
+            rows["streaming (merge)"].append(s)
+            shas.add(hashlib.sha256(out.read_bytes()).hexdigest())
+            t = time.perf_counter()
+            res = subprocess.run([sys.executable, "-c", IN_MEMORY_MERGE, *map(str, inputs), str(out)],
+                                 capture_output=True, text=True, check=True)
+            s = json.loads(res.stdout)
+            s["wall_seconds"] = time.perf_counter() - t
+            rows["in one NgramCache (before)"].append(s)
+            shas.add(hashlib.sha256(out.read_bytes()).hexdigest())
+            print(f"round {r + 1} done", file=sys.stderr)
+        out_bytes = out.stat().st_size
+    print(f"{k} tables of the stdlib stream ({n_tokens:,} tokens in all), {in_bytes / 2**20:.0f} MiB of "
+          f"inputs, output {out_bytes / 2**20:.0f} MiB; outputs byte-identical: {len(shas) == 1}")
+    print("| merge | wall s (median) | runs | peak RSS (median MiB) |")
+    print("|---|---|---|---|")
+    for name, runs in rows.items():
+        each = ", ".join(f"{s['wall_seconds']:.1f}" for s in runs)
+        rss = statistics.median(s["peak_rss_bytes"] for s in runs) / 2**20
+        print(f"| {name} | {statistics.median(s['wall_seconds'] for s in runs):.1f} | {each} | {rss:.0f} |")
+    return 0 if len(shas) == 1 else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
@@ -66,7 +137,10 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--format", choices=["ngst", "bin"], default="ngst")
     ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--merge", type=int, default=None, metavar="K", help="benchmark merge of K tables instead")
     args = ap.parse_args()
+    if args.merge:
+        return bench_merge(args.merge, args.rounds)
 
     files = stdlib_files(args.root, None if args.limit_mb is None else int(args.limit_mb * 1e6))
     total = sum(f.stat().st_size for f in files)

@@ -256,8 +256,10 @@ def local_client(n_workers: int):
     import logging
 
     distributed = _distributed()
+    # Port 0 for the scheduler's web server: another cluster on this machine may hold
+    # the default port.
     cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=logging.ERROR)
+                                       dashboard_address=":0", silence_logs=logging.ERROR)
     client = distributed.Client(cluster)
     client._ngramcache_cluster = cluster  # closed together
     return client
