@@ -123,3 +123,27 @@ def test_worker_error_reaches_the_user(client, tmp_path, capsys):
     assert rc == 1 and f"{bad}: byte offset 4:" in err and "U+110000" in err
     assert not (tmp_path / "o.ngst").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _die(*args, **kwargs):
+    os._exit(1)
+
+
+def _count_shard_dies():
+    # Runs on a worker: its tasks now unpickle a count_shard that ends the process.
+    sharded.count_shard = _die
+
+
+def test_a_shard_that_kills_every_worker_is_one_error(corpus, tmp_path, capsys):
+    import dask
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        c = sharded.local_client(1)
+    try:
+        c.run(_count_shard_dies)
+        files, _ = expand_inputs([corpus])
+        with pytest.raises(RuntimeError, match=r"shard \d+ \(.*\) took down every worker that ran it"):
+            sharded.create_sharded(files, tmp_path / "o.ngst", "ngst", c, tokenizer_spec=("gguf", smollm2_path()))
+    finally:
+        sharded.close_client(c)
+    assert not list(tmp_path.iterdir())

@@ -38,6 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from . import _core
+from ._validate import NGRAM_MAX, check_int
 
 __all__ = ["Shard", "ShardCounts", "plan_shards", "tokenize_shard", "count_shard", "shard_counts", "boundary_run",
            "merge_runs", "create_sharded", "merge_cache_files", "local_client", "connect", "close_client"]
@@ -296,7 +297,15 @@ def _collect_runs(client, shards: list[Shard], spool: Path, args: tuple, progres
     counts = []
     try:
         for fut in distributed.as_completed(futures):
-            c = fut.result()
+            try:
+                c = fut.result()
+            except distributed.KilledWorker:
+                shard = shards[futures.index(fut)]
+                raise RuntimeError(
+                    f"shard {shard.rank} ({_describe(shard)}) took down every worker that ran it "
+                    f"(out of memory? try a smaller --shard-size)") from None
+            except distributed.client.FutureCancelledError:
+                raise RuntimeError("the Dask cluster cancelled the work (scheduler or client gone)") from None
             fut.release()
             _write_run(spool / f"shard-{c.rank:06d}.run", c.run)
             c.run = b""  # the spooled file holds it now
@@ -307,6 +316,12 @@ def _collect_runs(client, shards: list[Shard], spool: Path, args: tuple, progres
         for fut in futures:
             fut.cancel()
     return counts
+
+
+def _describe(shard: Shard) -> str:
+    path, part, of_parts = shard.parts[0]
+    first = f"{path} part {part + 1} of {of_parts}" if of_parts > 1 else path
+    return first if len(shard.parts) == 1 else f"{first} and {len(shard.parts) - 1} more files"
 
 
 def create_sharded(files: Sequence[str | os.PathLike], out: str | os.PathLike, fmt: str, client, *,
@@ -321,6 +336,9 @@ def create_sharded(files: Sequence[str | os.PathLike], out: str | os.PathLike, f
 
     if fmt not in ("ngst", "llama"):
         raise ValueError(f"fmt must be 'ngst' or 'llama', got {fmt!r}")
+    ngram_size = check_int("ngram_size", ngram_size, 1, NGRAM_MAX)
+    piece_bytes = check_int("piece_bytes", piece_bytes, 0, none_ok=True)
+    shard_bytes = check_int("shard_bytes", shard_bytes, 1, none_ok=True)
     piece_bytes = DEFAULT_PIECE_BYTES if piece_bytes is None else piece_bytes
     if shard_bytes is None:
         total_bytes = sum(os.path.getsize(f) for f in files)

@@ -17,9 +17,10 @@
 // total count), then the entries, 40 bytes each, little-endian.
 //
 // Merging holds one block of entries per run, the entries of the key being merged, and
-// per key 8 bytes (NGST: the hash and the entry count the layout needs) or 24 bytes
-// (lookup.bin: first sighting, llama.cpp's hash and where its record was spooled), plus
-// the NGST image itself; never a whole run.
+// per key 8 bytes (NGST: the hash and the entry count the layout needs, plus the image
+// itself) or about 50 bytes (lookup.bin: first sighting, llama.cpp's hash, where its
+// record was spooled, and the replay of llama.cpp's map that orders the records); never a
+// whole run.
 #pragma once
 
 #include <algorithm>
