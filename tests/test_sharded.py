@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from ngramcache import NgramCache, StaticTable, sharded
 from conftest import run_cli
+from test_cli import tiny_hf_json  # noqa: F401 (a fixture)
 from ngramcache.commands._caches import cache_to_table
 
 
@@ -190,3 +191,21 @@ def test_without_dask_one_line_names_the_extra(tmp_path, capsys, monkeypatch):
     assert rc == 1 and out == ""
     assert err.splitlines() == ["ngramcache create: error: --workers and --scheduler need Dask: "
                                 "pip install 'ngramcache[distributed]'"]
+
+
+def test_tokenize_shard_with_a_tokenizer_json(tmp_path, vectors_dir, tiny_hf_json):
+    """Shards' tokens, long files split between shards, are the single-process stream's
+    slices (a Hugging Face tokenizer encodes pieces in batches: the same pieces)."""
+    from ngramcache.tokenizers import load_tokenizer, tokenize_files
+
+    text = (vectors_dir / "prose.txt").read_bytes()[:60_000]
+    files = []
+    for i, (a, b) in enumerate([(0, 2_000), (2_000, 40_000), (40_000, 41_000), (41_000, 60_000)]):
+        files.append(tmp_path / f"{i}.txt")
+        files[-1].write_bytes(text[a:b])
+    tok = load_tokenizer(tokenizer_json=tiny_hf_json)
+    whole = tokenize_files(files, tok, jobs=1, piece_bytes=1024)
+    shards = sharded.plan_shards(files, 7_000)
+    assert max(s.parts[0][2] for s in shards) > 1
+    parts = [sharded.tokenize_shard(s, tok, True, 1024) for s in shards]
+    assert np.array_equal(np.concatenate(parts), whole)
