@@ -209,3 +209,11 @@ def test_tokenize_shard_with_a_tokenizer_json(tmp_path, vectors_dir, tiny_hf_jso
     assert max(s.parts[0][2] for s in shards) > 1
     parts = [sharded.tokenize_shard(s, tok, True, 1024) for s in shards]
     assert np.array_equal(np.concatenate(parts), whole)
+
+
+def test_blocks_shrink_with_many_runs_to_stay_within_the_budget():
+    assert sharded.block_entries(1) == sharded.MAX_BLOCK_ENTRIES
+    many = sharded.block_entries(1000)
+    assert sharded.MIN_BLOCK_ENTRIES < many < sharded.MAX_BLOCK_ENTRIES
+    assert 1000 * many * sharded.RUN_ENTRY_BYTES <= sharded.BLOCK_BUDGET_BYTES
+    assert sharded.block_entries(10**6) == sharded.MIN_BLOCK_ENTRIES

@@ -16,8 +16,10 @@ single-process ``create`` writes from the same inputs:
 ``merge_cache_files`` merges cache files the same way: each input, loaded one at a time,
 becomes a run, so the merging side never holds more than one input cache at once.
 
-The merging side holds one block of every run (``BLOCK_ENTRIES`` entries of 40 bytes:
-2.5 MiB a run), the entries of one key, and per key 8 bytes for an NGST file (plus the
+The merging side holds one block of every run (up to ``MAX_BLOCK_ENTRIES`` entries of
+40 bytes, 2.5 MiB, a run; smaller blocks when there are many runs, so that all of them
+together stay within ``BLOCK_BUDGET_BYTES``, 256 MiB, down to ``MIN_BLOCK_ENTRIES``, 160 KiB,
+a run), the entries of one key, and per key 8 bytes for an NGST file (plus the
 image itself, the size of the output) or about 50 bytes for a lookup.bin (first sighting,
 hash, spool offset, and llama.cpp's map order). The runs themselves are spooled to a
 hidden folder beside the output as they arrive from the workers, one at a time.
@@ -43,7 +45,11 @@ from ._validate import NGRAM_MAX, check_int
 __all__ = ["Shard", "ShardCounts", "plan_shards", "tokenize_shard", "count_shard", "shard_counts", "boundary_run",
            "merge_runs", "create_sharded", "merge_cache_files", "local_client", "connect", "close_client"]
 
-BLOCK_ENTRIES = 1 << 16
+RUN_ENTRY_BYTES = 40
+MAX_BLOCK_ENTRIES = 1 << 16
+MIN_BLOCK_ENTRIES = 1 << 12
+BLOCK_BUDGET_BYTES = 256 << 20
+MAX_RUNS = (1 << 24) - 1  # a run's rank is 24 bits of each first sighting
 RUN_HEADER = struct.Struct("<4sI I4x Q Q")  # magic, version, n-gram sizes bitmask, entries, total
 MIN_SHARD_BYTES = 256 << 10
 MAX_SHARD_BYTES = 64 << 20
@@ -203,6 +209,12 @@ def _write_run(path: Path, run: bytes) -> None:
         f.write(run)
 
 
+def block_entries(n_runs: int) -> int:
+    """Entries read at once from each of ``n_runs`` runs."""
+    fit = BLOCK_BUDGET_BYTES // (RUN_ENTRY_BYTES * max(1, n_runs))
+    return max(MIN_BLOCK_ENTRIES, min(MAX_BLOCK_ENTRIES, fit))
+
+
 def merge_runs(paths: Sequence[str | os.PathLike], out: str | os.PathLike, fmt: str, *, from_tokens: bool,
                ngram_size: int = 0) -> dict:
     """Merge run files into ``out`` (written atomically) as an NGST table (``fmt="ngst"``;
@@ -212,13 +224,14 @@ def merge_runs(paths: Sequence[str | os.PathLike], out: str | os.PathLike, fmt: 
     Returns the result's {"keys", "entries", "total_count"}."""
     paths = [os.fspath(p) for p in paths]
     out = os.fspath(out)
+    block = block_entries(len(paths))
     if fmt == "ngst":
-        figures = _core.merge_runs_ngst(paths, out, ngram_size, from_tokens, BLOCK_ENTRIES)
+        figures = _core.merge_runs_ngst(paths, out, ngram_size, from_tokens, block)
     elif fmt == "llama":
         folder = os.path.dirname(os.path.abspath(out))
         spool = os.path.join(folder, f".{os.path.basename(out)}.{uuid.uuid4().hex}.records")
         try:
-            figures = _core.merge_runs_lookup(paths, out, spool, BLOCK_ENTRIES)
+            figures = _core.merge_runs_lookup(paths, out, spool, block)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(spool)
@@ -344,6 +357,9 @@ def create_sharded(files: Sequence[str | os.PathLike], out: str | os.PathLike, f
         total_bytes = sum(os.path.getsize(f) for f in files)
         shard_bytes = default_shard_bytes(total_bytes, worker_slots(client))
     shards = plan_shards(files, shard_bytes)
+    if len(shards) > MAX_RUNS:
+        raise ValueError(f"{len(shards):,} shards, more than the {MAX_RUNS:,} a merge can rank: "
+                         f"use larger shards (shard_bytes, --shard-size)")
     stage = timer.stage if timer is not None else (lambda name: contextlib.nullcontext())
     with _spool_folder(out) as spool:
         with stage("count shards"):
@@ -385,6 +401,8 @@ def _runs_of_inputs(inputs, spool: Path, progress) -> list[Path]:
     ranked in insertion order, the others in the order a merge walks them."""
     from .files import load_counts
 
+    if len(inputs) > MAX_RUNS:
+        raise ValueError(f"{len(inputs):,} inputs, more than the {MAX_RUNS:,} a merge can rank")
     paths = []
     for rank, path in enumerate(inputs):
         cache = load_counts(path)
