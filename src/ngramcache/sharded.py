@@ -78,7 +78,8 @@ def default_shard_bytes(total_bytes: int, n_workers: int) -> int:
 
 def plan_shards(files: Sequence[os.PathLike | str], shard_bytes: int) -> list[Shard]:
     """Cut ``files`` (in this order) into shards of about ``shard_bytes``: small files
-    grouped, a file larger than that split into parts of about that size."""
+    grouped, a file larger than that split into parts of about that size. Paths become
+    absolute: workers elsewhere open them in another working directory."""
     if shard_bytes < 1:
         raise ValueError(f"shard_bytes must be at least 1, got {shard_bytes}")
     shards: list[Shard] = []
@@ -91,7 +92,7 @@ def plan_shards(files: Sequence[os.PathLike | str], shard_bytes: int) -> list[Sh
             shards.append(Shard(len(shards), tuple(group), group_bytes))
         group, group_bytes = [], 0
 
-    for f in files:
+    for f in map(os.path.abspath, files):
         size = os.path.getsize(f)
         if size > shard_bytes:
             close_group()
@@ -363,8 +364,9 @@ def create_sharded(files: Sequence[str | os.PathLike], out: str | os.PathLike, f
     stage = timer.stage if timer is not None else (lambda name: contextlib.nullcontext())
     with _spool_folder(out) as spool:
         with stage("count shards"):
+            kind, tok_path = tokenizer_spec
             counts = _collect_runs(client, shards, spool,
-                                   (tuple(tokenizer_spec), escape, piece_bytes, ngram_size), progress)
+                                   ((kind, os.path.abspath(tok_path)), escape, piece_bytes, ngram_size), progress)
         with stage("merge"):
             edge = spool / "boundaries.run"
             _write_run(edge, boundary_run(counts, ngram_size))

@@ -136,7 +136,7 @@ def _run_sharded(args, fmt: str) -> int:
                                     shard_bytes=args.shard_size, ngram_size=NGRAM_SIZE, progress=bar,
                                     timer=timer)
     finally:
-        with timer.stage("stop cluster"):
+        with timer.stage("disconnect" if args.scheduler else "stop cluster"):
             close_client(client)
     summary = {"command": "create", "inputs": [str(f) for f in files], "input_bytes": total}
     if skipped:
