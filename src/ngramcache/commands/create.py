@@ -126,7 +126,7 @@ def _run_sharded(args, fmt: str) -> int:
         # Checked here, so that a bad path fails before any worker starts; the workers
         # open the same path themselves.
         tok = load_tokenizer(model=args.model, tokenizer_json=args.tokenizer)
-    with timer.stage("start cluster"):
+    with timer.stage("connect" if args.scheduler else "start cluster"):
         client = connect(args.scheduler) if args.scheduler else local_client(args.workers)
     total = sum(f.stat().st_size for f in files)
     try:
