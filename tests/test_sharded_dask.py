@@ -102,11 +102,21 @@ def test_killed_worker_is_retried_and_the_file_is_the_same(client, corpus, singl
     assert set(client.run(os.getpid).values()) != set(pids_before.values())
 
 
-def test_tokenize_shard_is_a_slice_of_tokenize_files(corpus):
+def _gemma_path() -> str:
+    from ngramcache.models import default_model_path
+    try:
+        return default_model_path("gemma")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma"])
+def test_tokenize_shard_is_a_slice_of_tokenize_files(corpus, model):
+    """Gemma's BOS comes once per file, also for a file split between shards."""
     import numpy as np
     from ngramcache.tokenizers import load_tokenizer, tokenize_files
 
-    tok = load_tokenizer(model=smollm2_path())
+    tok = load_tokenizer(model=smollm2_path() if model == "smollm2" else _gemma_path())
     files, _ = expand_inputs([corpus])
     whole = tokenize_files(files, tok, jobs=1, piece_bytes=int(PIECE))
     shards = sharded.plan_shards(files, 15_000)
