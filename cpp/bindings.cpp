@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "ngramcache/ngram_mod.hpp"
 #include "ngramcache/ngram_simple.hpp"
 #include "ngramcache/sequence_adapter.hpp"
+#include "ngramcache/sorted_runs.hpp"
 #include "ngramcache/shared_cache.hpp"  // caches, drafting and replay under their locks
 #include "ngramcache/static_table.hpp"
 #include "ngramcache/suffix.hpp"
@@ -674,6 +676,54 @@ void register_sequence_drafters(py::module_& m) {
         .def_property_readonly("nbytes", [](Bound<SuffixDrafter>& b) { return b.use().memory_bytes(); });
 }
 
+// -- sorted runs and their streaming merge (ngramcache.sharded) ------------------------
+
+void register_sorted_runs(py::module_& m) {
+    using runs::TokenStretch;
+    auto run_bytes = [](const std::vector<uint8_t>& v) {
+        return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
+    };
+    m.def("run_from_tokens",
+          [run_bytes](const std::vector<std::tuple<Tokens, uint64_t, size_t, uint64_t>>& stretches, int ngram_size) {
+              std::vector<TokenStretch> s;
+              for (const auto& [tokens, rank, first_target, first_position] : stretches)
+                  s.push_back(TokenStretch{tokens.data(), len(tokens), rank, first_target, first_position});
+              return run_bytes(nogil([&] { return runs::run_from_tokens(s, ngram_size); }));
+          },
+          "stretches"_a, "ngram_size"_a);
+    m.def("save_run_from_cache",
+          [](const SharedCache& cache, uint64_t rank, bool llama_order, const std::string& path) {
+              nogil([&] {
+                  std::vector<runs::RunEntry> entries =
+                      cache.read([&](const NgramCache& c) { return runs::cache_entries(c, rank, llama_order); });
+                  runs::save_run(entries, path);
+                  return 0;
+              });
+          },
+          "cache"_a, "rank"_a, "llama_order"_a, "path"_a);
+    m.def("merge_runs_ngst",
+          [](const std::vector<std::string>& paths, const std::string& out, int ngram_size, bool from_tokens,
+             size_t block_entries) {
+              runs::MergeCounts c;
+              nogil([&] {
+                  const ngst::Image img = runs::merge_to_ngst(
+                      paths, ngram_size, from_tokens ? ngst::Source::tokens : ngst::Source::cache,
+                      from_tokens ? runs::BestRule::tokens : runs::BestRule::cache, block_entries, c);
+                  write_file_atomic(out, img.bytes.get(), img.size);
+                  return 0;
+              });
+              return py::make_tuple(c.keys, c.entries, c.total);
+          },
+          "paths"_a, "out"_a, "ngram_size"_a, "from_tokens"_a, "block_entries"_a);
+    m.def("merge_runs_lookup",
+          [](const std::vector<std::string>& paths, const std::string& out, const std::string& spool,
+             size_t block_entries) {
+              const runs::MergeCounts c = nogil([&] { return runs::merge_to_lookup(paths, out, spool, block_entries); });
+              return py::make_tuple(c.keys, c.entries, c.total);
+          },
+          "paths"_a, "out"_a, "spool"_a, "block_entries"_a);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -684,6 +734,7 @@ PYBIND11_MODULE(_core, m) {
     register_static(m);
     register_replay(m);
     register_sequence_drafters(m);
+    register_sorted_runs(m);
     m.def("draft", &draft_py, "tokens"_a, "n_draft"_a, "context"_a, "dynamic"_a.none(true), "static"_a.none(true),
           "ngram_min"_a, "ngram_max"_a);
 }

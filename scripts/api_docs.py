@@ -29,6 +29,7 @@ MODULES = [
     ("ngramcache.tokenizers", "Tokenizers, and text to tokens as llama.cpp's tools do it."),
     ("ngramcache.text", "llama.cpp's text rules for `-f FILE` and `-p PROMPT`."),
     ("ngramcache.files", "Cache files of either format, token files, inputs, atomic writes."),
+    ("ngramcache.sharded", "create on Dask workers (extra `distributed`), sorted runs and their streaming merge."),
     ("ngramcache.models", "Models shipped in PyPI packages."),
     ("ngramcache.progress", "Progress bars and figures for long work."),
 ]

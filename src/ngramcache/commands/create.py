@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ._caches import add_format_flag, counts, finish, output_format, write_cache
-from ._common import Timer, UsageError, add_output_flags, check_output_path, command_parser, note
+from ._common import RunError, Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser, note
 from ._inputs import add_text_input, check_text_input, read_text_input
 
 NGRAM_SIZE = 2  # llama.cpp's static cache: LLAMA_NGRAM_STATIC
@@ -31,7 +31,12 @@ examples:
 
 Long files are tokenized in pieces of --piece-size bytes, in -j worker processes; a piece
 boundary can change a few tokens for some tokenizers (see docs/cli.md); --piece-size 0 gives
-exactly llama.cpp's tokens."""
+exactly llama.cpp's tokens.
+
+On a Dask cluster (pip install 'ngramcache[distributed]'), the files are sharded over the
+workers and their counts merged into the same file, byte for byte:
+  ngramcache create --workers 4 -m smollm2 -f corpus/ -lcs corpus.ngst        (local processes)
+  ngramcache create --scheduler tcp://host:8786 -m /models/m.gguf -f /data/corpus -lcs c.ngst"""
 
 
 def add_parser(sub) -> None:
@@ -46,6 +51,16 @@ def add_parser(sub) -> None:
                      help="also write the tokens (raw little-endian int32) for reuse with --tokens "
                           "(with --tokens: a raw copy of them, e.g. of a .npy file)")
     add_output_flags(p, group=out)
+    dist = p.add_argument_group("distributed counting (needs the 'distributed' extra: Dask)")
+    dist.add_argument("--workers", type=int, default=None, metavar="N",
+                      help="count on a local Dask cluster of N worker processes (without --workers or "
+                           "--scheduler, create counts in this process)")
+    dist.add_argument("--scheduler", metavar="ADDRESS",
+                      help="count on the workers of a running Dask scheduler, e.g. tcp://host:8786 (every "
+                           "worker needs ngramcache and the model or tokenizer file at the same path)")
+    dist.add_argument("--shard-size", type=int, default=None, metavar="BYTES",
+                      help="text per shard (default: the input split in 4 shards a worker, "
+                           "between 256 KiB and 64 MiB)")
 
 
 def _count_llama(tokens, quiet: bool):
@@ -72,10 +87,76 @@ def _count_ngst(tokens, quiet: bool):
     return table
 
 
+def _sharded(args) -> bool:
+    """Whether counting runs on Dask workers; checks the flags that go with it."""
+    check_ranges(args, [("workers", 1, "--workers must be at least 1"),
+                        ("shard_size", 1, "--shard-size must be at least 1")])
+    if args.workers is not None and args.scheduler:
+        raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS (a running one), not both")
+    if not (args.scheduler or args.workers):
+        if args.shard_size is not None:
+            raise UsageError("--shard-size goes with --workers N or --scheduler ADDRESS")
+        return False
+    if args.tokens:
+        raise UsageError("--workers and --scheduler shard text (-f FILE with a tokenizer); "
+                         "--tokens is counted in this process")
+    if args.save_tokens:
+        raise UsageError("--save-tokens needs every token in this process: leave out --workers/--scheduler")
+    if args.jobs is not None:
+        raise UsageError("-j/--jobs sets tokenizer processes of a single-process create; with --workers "
+                         "or --scheduler every Dask worker tokenizes its own shards")
+    from ..sharded import _distributed
+    _distributed()  # before any work: Dask missing is one line naming the extra
+    return True
+
+
+def _run_sharded(args, fmt: str) -> int:
+    from ..files import expand_inputs
+    from ..progress import Progress
+    from ..sharded import close_client, connect, create_sharded, local_client
+    from ..tokenizers import load_tokenizer
+
+    timer = Timer()
+    files, skipped = expand_inputs(args.files)
+    if not files:
+        raise RunError("no text files found in " + ", ".join(args.files)
+                       + (f" ({len(skipped)} binary files skipped)" if skipped else ""))
+    for s in skipped:
+        note(args, f"create: skipping binary file {s}")
+    with timer.stage("load tokenizer"):
+        # Checked here, so that a bad path fails before any worker starts; the workers
+        # open the same path themselves.
+        tok = load_tokenizer(model=args.model, tokenizer_json=args.tokenizer)
+    with timer.stage("connect" if args.scheduler else "start cluster"):
+        client = connect(args.scheduler) if args.scheduler else local_client(args.workers)
+    total = sum(f.stat().st_size for f in files)
+    try:
+        with Progress(total=total, desc="counting shards", unit="B", quiet=args.quiet) as bar:
+            result = create_sharded(files, args.output, fmt, client, tokenizer_spec=tok.spec,
+                                    escape=not args.no_escape, piece_bytes=args.piece_size,
+                                    shard_bytes=args.shard_size, ngram_size=NGRAM_SIZE, progress=bar,
+                                    timer=timer)
+    finally:
+        with timer.stage("disconnect" if args.scheduler else "stop cluster"):
+            close_client(client)
+    summary = {"command": "create", "inputs": [str(f) for f in files], "input_bytes": total}
+    if skipped:
+        summary["skipped_binary_files"] = [str(s) for s in skipped]
+    summary.update(tokenizer=tok.path, engine="dask", scheduler=args.scheduler or f"local:{args.workers}",
+                   shards=result["shards"], tokens=result["tokens"])
+    summary.update({k: result[k] for k in ("keys", "entries", "total_count")})
+    summary.update(output=args.output, format=fmt, file_bytes=os.path.getsize(args.output))
+    return finish(args, summary, timer)
+
+
 def run(args) -> int:
     from ..files import write_tokens_file
 
     check_text_input(args)
+    if _sharded(args):
+        fmt = output_format(args.output, args.format)
+        check_output_path(args.output, list(args.files))
+        return _run_sharded(args, fmt)
     fmt = output_format(args.output, args.format)
     inputs = [args.tokens] if args.tokens else list(args.files)
     check_output_path(args.output, inputs)

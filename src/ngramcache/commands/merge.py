@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ._caches import add_format_flag, counts, finish, output_format, write_cache
+from ._caches import add_format_flag, finish, output_format
 from ._common import Timer, UsageError, add_output_flags, check_output_path, command_parser
 
 DESCRIPTION = """\
@@ -12,7 +12,11 @@ Merge n-gram caches into one, as llama-lookup-merge does: the counts of equal
 (n-gram, next token) pairs are added. The inputs may mix the two formats (ngramcache
 static tables, .ngst, and llama.cpp lookup.bin files); the last argument is the output,
 written in the format its extension names (.ngst or .bin) or --format. With a single
-input, merge copies it (converting the format if asked)."""
+input, merge copies it (converting the format if asked).
+
+The inputs are read one at a time, each turned into counts sorted by key in a hidden
+folder beside the output, and those are merged in one streaming pass: memory holds one
+input, not all of them (docs/cli.md)."""
 
 EPILOG = """\
 examples:
@@ -29,8 +33,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..files import cache_format, load_counts
+    from ..files import cache_format
     from ..progress import Progress
+    from ..sharded import merge_cache_files
 
     if len(args.paths) < 2:
         raise UsageError("need at least one input and the output: merge IN... OUT")
@@ -39,19 +44,8 @@ def run(args) -> int:
     check_output_path(out, inputs)
     formats = [cache_format(p) for p in inputs]  # every input checked before the slow part
     timer = Timer()
-    merged = None
-    with timer.stage("load and merge"), Progress(total=len(inputs), desc="merging", unit="files",
-                                                 quiet=args.quiet) as bar:
-        for path in inputs:
-            cache = load_counts(path)
-            if merged is None:
-                merged = cache
-            else:
-                merged.merge(cache)
-                del cache
-            bar.update(1)
-    with timer.stage("write"):
-        write_cache(merged, out, fmt)
-    summary = {"command": "merge", "inputs": inputs, "input_formats": formats, **counts(merged),
+    with Progress(total=len(inputs), desc="reading", unit="files", quiet=args.quiet) as bar:
+        figures = merge_cache_files(inputs, out, fmt, progress=bar, timer=timer)
+    summary = {"command": "merge", "inputs": inputs, "input_formats": formats, **figures,
                "output": out, "format": fmt, "file_bytes": os.path.getsize(out)}
     return finish(args, summary, timer)
