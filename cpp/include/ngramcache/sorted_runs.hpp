@@ -109,61 +109,34 @@ inline RunHeader parse_header(const uint8_t* in, uint64_t file_size, const std::
     return h;
 }
 
-// A file written through a buffer into a temporary file beside `path`, renamed over it
-// by commit() after an fsync; removed if never committed.
+// Buffered writes into one AtomicFile save (the package's one way of writing a file:
+// temporary file, fsync, rename, the old file's mode, links followed; atomic_file.hpp).
 class AtomicWriter {
 public:
-    explicit AtomicWriter(const std::string& path) : path_(path) {
-        check_path(path);
-        std::string tmpl = path + ".tmp.XXXXXX";
-        name_.assign(tmpl.begin(), tmpl.end());
-        name_.push_back('\0');
-        const int fd = ::mkstemp(name_.data());
-        if (fd < 0) {
-            if (errno == ENOENT) throw FileNotFound(path + ": folder does not exist");
-            throw std::system_error(errno, std::generic_category(), "cannot create a file beside " + path);
-        }
-        f_ = ::fdopen(fd, "wb");
-        if (f_ == nullptr) {
-            const int e = errno;
-            ::close(fd);
-            std::remove(name_.data());
-            throw std::system_error(e, std::generic_category(), path);
-        }
-    }
-    AtomicWriter(const AtomicWriter&) = delete;
-    AtomicWriter& operator=(const AtomicWriter&) = delete;
-    ~AtomicWriter() {
-        if (f_ != nullptr) {
-            std::fclose(f_);
-            std::remove(name_.data());
-        }
-    }
+    explicit AtomicWriter(const std::string& path) : file_(path) { buf_.reserve(kBuffer); }
 
     void write(const void* data, size_t size) {
-        if (size && std::fwrite(data, 1, size, f_) != size) fail(errno);
+        const char* p = static_cast<const char*>(data);
+        if (buf_.size() + size > kBuffer) {
+            flush();
+            if (size >= kBuffer) return file_.write(p, size);
+        }
+        buf_.insert(buf_.end(), p, p + size);
     }
 
     void commit() {
-        int err = 0;
-        if (std::fflush(f_) != 0) err = errno;
-        if (err == 0 && ::fchmod(::fileno(f_), 0644) != 0) err = errno;
-        if (err == 0 && ::fsync(::fileno(f_)) != 0) err = errno;
-        if (std::fclose(f_) != 0 && err == 0) err = errno;
-        f_ = nullptr;
-        if (err == 0 && std::rename(name_.data(), path_.c_str()) != 0) err = errno;
-        if (err != 0) {
-            std::remove(name_.data());
-            throw std::system_error(err, std::generic_category(), "writing " + path_);
-        }
-        detail::fsync_folder(detail::folder_of(path_));
+        flush();
+        file_.commit();
     }
 
 private:
-    [[noreturn]] void fail(int err) { throw std::system_error(err, std::generic_category(), "writing " + path_); }
-    std::string path_;
-    std::vector<char> name_;
-    FILE* f_ = nullptr;
+    static constexpr size_t kBuffer = size_t(1) << 20;
+    void flush() {
+        if (!buf_.empty()) file_.write(buf_.data(), buf_.size());
+        buf_.clear();
+    }
+    AtomicFile file_;
+    std::vector<char> buf_;
 };
 
 // Sorts `entries` into run order and adds up repeated pairs (the earliest sighting and
