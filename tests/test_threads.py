@@ -84,6 +84,7 @@ def test_no_deadlock_between_a_replay_and_other_threads():
 
 N_THREADS = 8
 ROUNDS = 10
+CHURN_STEPS = 10
 
 
 @pytest.mark.slow
@@ -114,7 +115,7 @@ class Data:
     def __init__(self, folder: Path):
         self.folder = folder
         p = np.load(folder / "prose.npy")
-        self.text = p[:24_000]
+        self.text = p[:34_000]
         self.context = nc.NgramCache()
         self.context.update(self.text[:6000])
         self.dynamic = nc.NgramCache()
@@ -126,11 +127,14 @@ class Data:
         self.pieces = [nc.NgramCache() for _ in range(N_THREADS)]
         for i, c in enumerate(self.pieces):
             c.update(self.text[12_000 + 300 * i: 12_000 + 300 * (i + 1)])
-        # the churned cache and store are only ever cleared or given this whole
-        self.churn_tokens = self.text[20_000:20_400]
+        # the churned cache and store are only ever cleared or given these whole; the
+        # cache's are many, so that its updates and reads take long enough to overlap
+        self.churn_tokens = self.text[30_000:33_000]
         one = nc.NgramCache()
         one.update(self.churn_tokens)
         self.churn_one = counts(one)
+        self.churn_arrays = one.arrays()
+        self.store_tokens = self.text[20_000:20_400]
         # ngram-mod: a random text repeated, whose windows have one continuation per slot of
         # a default-sized table, so replaying it on a table filled with it rewrites only
         # values already there
@@ -186,16 +190,28 @@ def walk(drafter, seq: np.ndarray, start: int, stop: int, one_by_one: bool = Fal
     return out
 
 
-def check_churned_cache(c, d: Data) -> None:
-    """A cache only ever cleared or given whole copies of churn_tokens holds k copies."""
+def copies_of_churn(c, d: Data) -> int:
+    """How many whole copies of churn_tokens' n-grams the cache holds: a cache only ever
+    cleared or given them whole holds k copies, in the order of one; anything else, e.g.
+    a reader that saw part of an update, fails."""
+    keys, offsets, toks, cnts = c.arrays()
+    if keys.shape[0] == 0:
+        return 0
+    k_one, o_one, t_one, c_one = d.churn_arrays
+    k = int(cnts[0]) // int(c_one[0])
+    assert k >= 1 and np.array_equal(keys, k_one) and np.array_equal(offsets, o_one) and \
+        np.array_equal(toks, t_one) and np.array_equal(cnts, c_one * k), "a reader saw part of an update"
+    return k
+
+
+def check_loaded_churn(c, d: Data) -> None:
+    """copies_of_churn for a cache read back from a file or bytes (loading orders it anew)."""
     got = counts(c)
-    if not got:
-        return
-    assert got.keys() == d.churn_one.keys(), "a reader saw part of an update"
-    key = next(iter(d.churn_one))
-    k = got[key][0][1] // d.churn_one[key][0][1]
-    assert k >= 1 and got == {key_: [(t, n * k) for t, n in p] for key_, p in d.churn_one.items()}, \
-        "a reader saw part of an update"
+    if got:
+        key = next(iter(d.churn_one))
+        k = got[key][0][1] // d.churn_one[key][0][1]
+        assert k >= 1 and got == {key_: [(t, n * k) for t, n in p] for key_, p in d.churn_one.items()}, \
+            "a reader saw part of an update"
 
 
 def check_arrays(c) -> None:
@@ -224,23 +240,23 @@ def work(i: int, d: Data, s: Shared) -> dict:
         assert nc.NgramCache.from_bytes(s.acc.to_bytes()).nbytes > 0
 
     def churn_ops(r):
-        if (i + r) % 2:
-            s.churn.clear()
-        else:
-            s.churn.update(d.churn_tokens)
-        assert len(s.churn) in (0, len(d.churn_one))
-        check_churned_cache(nc.NgramCache.from_bytes(s.churn.to_bytes()), d)
+        # tight, so that the C++ calls dominate and overlap other threads' on the same cache
+        for k in range(CHURN_STEPS):
+            if (i + k) % 3 == 0:
+                s.churn.clear()
+            else:
+                s.churn.update(d.churn_tokens)
+            copies_of_churn(s.churn, d)
+            assert len(s.churn) in (0, len(d.churn_one))
+            got = s.churn.get(d.churn_tokens[:2])
+            one = dict(d.churn_one[tuple(d.churn_tokens[:2].tolist())])
+            assert not got or {t: n * (sum(got.values()) // sum(one.values())) for t, n in one.items()} == got
+            p = 40 + 37 * i + k
+            dr = nc.draft(d.churn_tokens[:p], 8, s.churn, s.churn, s.table)  # well-formed, whatever the cache holds
+            assert dr.dtype == np.int32 and dr.size <= 8 and np.isin(dr, d.churn_tokens).all()
+        check_loaded_churn(nc.NgramCache.from_bytes(s.churn.to_bytes()), d)
         s.churn.save(mine / "churn.bin")
-        check_churned_cache(nc.NgramCache.load(mine / "churn.bin"), d)
-        check_churned_cache(s.churn, d)
-        key = d.churn_tokens[:2]
-        one = dict(d.churn_one[tuple(key.tolist())])
-        got = s.churn.get(key)
-        assert not got or {t: n * (sum(got.values()) // sum(one.values())) for t, n in one.items()} == got
-        # drafting from a cache being cleared and refilled: well-formed drafts
-        p = 40 + 37 * i
-        dr = nc.draft(d.churn_tokens[:p], 8, s.churn, s.churn, s.table)
-        assert dr.dtype == np.int32 and dr.size <= 8
+        check_loaded_churn(nc.NgramCache.load(mine / "churn.bin"), d)
 
     def draft_ops(r):
         res = []
@@ -305,11 +321,11 @@ def work(i: int, d: Data, s: Shared) -> dict:
         if (i + r) % 3 == 0:
             s.store_churn.clear()
         else:
-            s.store_churn.add(d.churn_tokens)
+            s.store_churn.add(d.store_tokens)
         reqs = s.store_churn.requests()
-        assert all(x.tolist() == d.churn_tokens.tolist() for x in reqs), "a reader saw part of an add"
+        assert all(x.tolist() == d.store_tokens.tolist() for x in reqs), "a reader saw part of an add"
         assert s.store_churn.n_tokens <= s.store_churn.max_tokens and s.store_churn.nbytes > 0
-        walk(make_drafter("suffix", n_draft=8, store=s.store_churn, max_depth=16), d.churn_tokens, 50, 150)
+        walk(make_drafter("suffix", n_draft=8, store=s.store_churn, max_depth=16), d.store_tokens, 50, 150)
 
     def mod_churn_ops(r):
         # a table reset while others draft from it: every drafted token is one some add stored
