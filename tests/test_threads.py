@@ -46,10 +46,25 @@ def run_watched(code: str, timeout: float) -> str:
     except subprocess.TimeoutExpired as e:  # the watchdog itself could not run (the child is stuck hard)
         pytest.fail(f"the child outlived its watchdog ({timeout} s):\n{e.stderr}")
     if r.returncode != 0:
-        fired = "Timeout (" in r.stderr
-        pytest.fail(("deadlock or hang: the watchdog fired after " + f"{timeout} s" if fired
-                     else f"the child exited with status {r.returncode}") + f"; its stderr:\n{r.stderr[-30000:]}")
+        if "Timeout (" in r.stderr:
+            what = f"deadlock or hang: the watchdog fired after {timeout} s"
+        else:
+            what = f"the child exited with status {r.returncode}"
+        pytest.fail(f"{what}; its stderr:\n{r.stderr[-30000:]}")
     return r.stdout
+
+
+def test_the_watchdog_turns_a_hang_into_a_failure_with_every_stack():
+    hang = """
+import threading
+def waits_forever():
+    threading.Event().wait()
+threading.Thread(target=waits_forever, daemon=True).start()
+threading.Event().wait()
+"""
+    with pytest.raises(pytest.fail.Exception) as e:
+        run_watched(hang, 2)
+    assert "deadlock or hang" in str(e.value) and "waits_forever" in str(e.value)
 
 
 # --- no deadlock between a replay holding a cache and calls from other threads ----------
