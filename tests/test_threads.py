@@ -331,7 +331,10 @@ def work(i: int, d: Data, s: Shared) -> dict:
         sd = make_drafter("suffix", n_draft=8, store=s.growing, max_depth=16)
         walk(sd, text[12_400 + 100 * i: 12_600 + 100 * i], 100, 200, one_by_one=True)
         sd.finish()
-        assert s.growing.n_tokens == sum(x.size for x in s.growing.requests())
+        # (other threads add between these calls; nothing is ever evicted)
+        before = s.growing.n_tokens
+        held = sum(x.size for x in s.growing.requests())
+        assert before <= held <= s.growing.n_tokens
         # the churned store: cleared or given whole copies of churn_tokens
         if (i + r) % 3 == 0:
             s.store_churn.clear()
