@@ -267,7 +267,9 @@ def work(i: int, d: Data, s: Shared) -> dict:
             one = dict(d.churn_one[tuple(d.churn_tokens[:2].tolist())])
             assert not got or {t: n * (sum(got.values()) // sum(one.values())) for t, n in one.items()} == got
             p = 40 + 37 * i + k
-            dr = nc.draft(d.churn_tokens[:p], 8, s.churn, s.churn, s.table)  # well-formed, whatever the cache holds
+            # whatever the cache holds meanwhile, a draft from it is made of its tokens (no
+            # static source: that one would fill in where the cache is empty)
+            dr = nc.draft(d.churn_tokens[:p], 8, s.churn, s.churn)
             assert dr.dtype == np.int32 and dr.size <= 8 and np.isin(dr, d.churn_tokens).all()
         check_loaded_churn(nc.NgramCache.from_bytes(s.churn.to_bytes()), d)
         s.churn.save(mine / "churn.bin")
