@@ -1,5 +1,6 @@
 """The package surface: version, exports, type information."""
 
+import os
 from importlib.resources import files
 from pathlib import Path
 
@@ -38,3 +39,12 @@ def test_api_page_is_current():
     done = subprocess.run([sys.executable, str(root / "scripts" / "api_docs.py"), "--check"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_sanitized_build_under_test():
+    # scripts/test's sanitised run puts a build with AddressSanitizer and UBSan first on the
+    # path: make sure it is the one imported
+    if not os.environ.get("NGRAMCACHE_EXPECT_SANITIZED"):
+        pytest.skip("only in the sanitised run of scripts/test")
+    core = Path(nc._core.__file__).read_bytes()
+    assert b"__asan_report_load" in core and b"__ubsan_handle_" in core, nc._core.__file__
