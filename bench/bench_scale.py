@@ -114,7 +114,7 @@ def fetch_sources(src: Path) -> dict:
         used[name] = {"version": version, "deb": deb.name, "sha256": sha256_file(deb)}
     for mod in SITE_PACKAGES:
         used[mod] = {"version": importlib.metadata.version(DIST_NAMES[mod])}
-    used["cpython"] = {"version": platform.python_version()}
+    used["stdlib"] = {"version": "CPython " + platform.python_version()}
     return used
 
 
@@ -254,7 +254,8 @@ def ngc(*args: str) -> list[str]:
     return [sys.executable, "-m", "ngramcache", *args]
 
 
-LLAMA_LINE = re.compile(r"^(?:\S+: )?\s*(n_drafted|n_accept|t_draft_flat|t_draft)\s*=\s*([0-9.]+)", re.M)
+# "1.08.331.742 I n_drafted    = 965456" (llama.cpp's log prefix: time, level)
+LLAMA_LINE = re.compile(r"^.*?\b(n_drafted|n_accept|t_draft_flat|t_draft)\s*=\s*([0-9.]+)", re.M)
 
 
 def parse_llama_stats(text: str) -> dict:
@@ -397,13 +398,14 @@ def main() -> int:
     results = []
     for n in sizes:
         results.append(bench_size(args.work, n, bins, gguf, args.create_reps, args.reps))
+        results[-1]["loadavg"] = os.getloadavg()
         log(report(results, tokenized))
+        if args.json:  # after every size: a long run that stops early keeps what it measured
+            out = {"machine": {"cpu": platform.processor() or platform.machine(),
+                               "python": platform.python_version()},
+                   "manifest": manifest, "tokenized": tokenized, "results": results}
+            write_atomic(args.json, json.dumps(out, indent=1).encode())
     load = os.getloadavg()
-    out = {"machine": {"cpu": platform.processor() or platform.machine(), "loadavg_end": load,
-                       "python": platform.python_version()},
-           "manifest": manifest, "tokenized": tokenized, "results": results}
-    if args.json:
-        write_atomic(args.json, json.dumps(out, indent=1).encode())
     print(report(results, tokenized))
     print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0 if all(r["identical_counts"] for r in results) else 1
