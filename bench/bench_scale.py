@@ -307,6 +307,8 @@ def bench_size(work: Path, n: int, bins: Path, gguf: str, create_reps: int, reps
             else:
                 entry["file_bytes"] = llama_bin.stat().st_size
             create[label].append(entry)
+    if create_reps == 0 and not (ngst.exists() and llama_bin.exists() and ours_bin.exists()):
+        raise SystemExit(f"--create-reps 0 replays the caches of an earlier run, and {work} lacks them for {n} MB")
     same_file = ours_bin.read_bytes() == llama_bin.read_bytes()
 
     replay = {"ngramcache": [], "llama.cpp": []}
@@ -329,6 +331,7 @@ def bench_size(work: Path, n: int, bins: Path, gguf: str, create_reps: int, reps
             replay[label].append(entry)
     counts = {(e["n_drafted"], e["n_accept"]) for side in replay.values() for e in side}
     return {"size_mb": n, "create": create, "lookup_bin_identical": same_file, "replay": replay,
+            "file_bytes": {"ngst": ngst.stat().st_size, "lookup_bin": llama_bin.stat().st_size},
             "identical_counts": len(counts) == 1}
 
 
@@ -341,6 +344,28 @@ def runs(entries: list[dict], fmt: str) -> str:
 
 
 def report(results: list[dict], tokenized: dict) -> str:
+    lines = []
+    if all(r["create"]["llama.cpp"] for r in results):
+        lines += create_table(results, tokenized) + [""]
+    lines += ["| corpus | static file: NGST / lookup.bin | load: ngramcache / llama.cpp | "
+              "us per drafted token: ngramcache / llama.cpp (medians) | ratio | n_drafted / n_accept: ngramcache; llama.cpp | "
+              "identical |",
+              "|" + "---|" * 7]
+    for r in results:
+        rp = r["replay"]
+        ours, theirs = rp["ngramcache"], rp["llama.cpp"]
+        lines.append(
+            f"| {r['size_mb']} MB | {r['file_bytes']['ngst'] / MB:.0f} / "
+            f"{r['file_bytes']['lookup_bin'] / MB:.0f} MB | {med(ours, 'load_s') * 1e3:.3f} ms / "
+            f"{med(theirs, 'load_s'):.2f} s | {med(ours, 'us_per_drafted'):.3f} / {med(theirs, 'us_per_drafted'):.1f} "
+            f"(runs: {runs(ours, '.3f')} / {runs(theirs, '.1f')}) | "
+            f"{med(theirs, 'us_per_drafted') / med(ours, 'us_per_drafted'):.0f}x | "
+            f"{ours[0]['n_drafted']:,} / {ours[0]['n_accept']:,}; {theirs[0]['n_drafted']:,} / {theirs[0]['n_accept']:,} | "
+            f"{'yes' if r['identical_counts'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def create_table(results: list[dict], tokenized: dict) -> list[str]:
     lines = ["| corpus | tokens | create: ngramcache (.ngst, from tokens) | create --format llama | "
              "llama-lookup-create (text) | ngramcache create from text (once) | peak RSS ngc / llama.cpp | "
              "lookup.bin identical |", "|" + "---|" * 8]
@@ -355,20 +380,7 @@ def report(results: list[dict], tokenized: dict) -> str:
             f"{med(c['llama.cpp'], 'peak_rss_bytes') / 2**20:,.0f} MiB "
             f"({med(c['ngramcache'], 'peak_rss_bytes') / med(c['llama.cpp'], 'peak_rss_bytes'):.2f}) | "
             f"{'yes' if r['lookup_bin_identical'] else 'NO'} |")
-    lines += ["", "| corpus | static file: NGST / lookup.bin | load: ngramcache / llama.cpp | "
-              "us per drafted token: ngramcache / llama.cpp (medians) | ratio | n_drafted / n_accept | identical |",
-              "|" + "---|" * 7]
-    for r in results:
-        c, rp = r["create"], r["replay"]
-        ours, theirs = rp["ngramcache"], rp["llama.cpp"]
-        lines.append(
-            f"| {r['size_mb']} MB | {c['ngramcache'][0]['file_bytes'] / MB:.0f} / "
-            f"{c['llama.cpp'][0]['file_bytes'] / MB:.0f} MB | {med(ours, 'load_s') * 1e3:.3f} ms / "
-            f"{med(theirs, 'load_s'):.2f} s | {med(ours, 'us_per_drafted'):.3f} / {med(theirs, 'us_per_drafted'):.1f} "
-            f"(runs: {runs(ours, '.3f')} / {runs(theirs, '.1f')}) | "
-            f"{med(theirs, 'us_per_drafted') / med(ours, 'us_per_drafted'):.0f}x | "
-            f"{ours[0]['n_drafted']:,} / {ours[0]['n_accept']:,} | {'yes' if r['identical_counts'] else 'NO'} |")
-    return "\n".join(lines)
+    return lines
 
 
 def main() -> int:
@@ -377,7 +389,8 @@ def main() -> int:
                     help="where sources, corpora, tokens and caches are kept (outside the repository)")
     ap.add_argument("--sizes", default=",".join(map(str, SIZES_MB)), help="corpus sizes in MB (10^6 bytes)")
     ap.add_argument("--reps", type=int, default=3, help="alternated replay rounds per size")
-    ap.add_argument("--create-reps", type=int, default=1, help="alternated create rounds per size")
+    ap.add_argument("--create-reps", type=int, default=1,
+                    help="alternated create rounds per size (0: replay the caches an earlier run made)")
     ap.add_argument("--llama-bin", type=Path, default=None,
                     help="folder of llama-lookup-create/-stats (default: bench/build_llamacpp.sh's)")
     ap.add_argument("--json", type=Path, help="write every measurement here")
