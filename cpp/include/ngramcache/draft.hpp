@@ -122,9 +122,9 @@ private:
 };
 
 // try_draft of llama.cpp for one cache: longest n-gram first, first that passes wins.
-// `next` (the context cache's call): hash each key into `keys` and start loading its slot
-// in `next`, the dynamic cache, whose misses then overlap these probes; without it (the
-// dynamic cache's call) the keys are those hashed already.
+// With `hash_keys` (the context cache's call) each key is hashed into `keys` as it is
+// probed, and its slot in `next` (the dynamic cache, if any) starts loading, so that those
+// misses overlap the probes here; without it (the dynamic cache's call) `keys` is read.
 template <class Static>
 inline bool try_primary(const NgramCache& cache, const token_t* window, int window_len,
                         int ngram_min, int ngram_max, const Static& st,
