@@ -49,7 +49,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -348,8 +347,8 @@ def report(results: list[dict], tokenized: dict) -> str:
     if all(r["create"]["llama.cpp"] for r in results):
         lines += create_table(results, tokenized) + [""]
     lines += ["| corpus | static file: NGST / lookup.bin | load: ngramcache / llama.cpp | "
-              "us per drafted token: ngramcache / llama.cpp (medians) | ratio | n_drafted / n_accept: ngramcache; llama.cpp | "
-              "identical |",
+              "us per drafted token: ngramcache / llama.cpp (medians) | ratio | "
+              "n_drafted / n_accept: ngramcache; llama.cpp | identical |",
               "|" + "---|" * 7]
     for r in results:
         rp = r["replay"]
@@ -360,7 +359,8 @@ def report(results: list[dict], tokenized: dict) -> str:
             f"{med(theirs, 'load_s'):.2f} s | {med(ours, 'us_per_drafted'):.3f} / {med(theirs, 'us_per_drafted'):.1f} "
             f"(runs: {runs(ours, '.3f')} / {runs(theirs, '.1f')}) | "
             f"{med(theirs, 'us_per_drafted') / med(ours, 'us_per_drafted'):.0f}x | "
-            f"{ours[0]['n_drafted']:,} / {ours[0]['n_accept']:,}; {theirs[0]['n_drafted']:,} / {theirs[0]['n_accept']:,} | "
+            f"{ours[0]['n_drafted']:,} / {ours[0]['n_accept']:,}; "
+            f"{theirs[0]['n_drafted']:,} / {theirs[0]['n_accept']:,} | "
             f"{'yes' if r['identical_counts'] else 'NO'} |")
     return "\n".join(lines)
 
