@@ -36,6 +36,7 @@ Per size, each figure a fresh child process (wall time; peak RSS from wait4):
     rounds (default 3): us per drafted token (t_draft / n_drafted, timed where llama.cpp
     times it), n_drafted and n_accept (must be identical), load time of the static cache
     (ngramcache: StaticTable.open; llama.cpp: t_draft_flat, parsing lookup.bin into maps).
+The exit status is 1 when the two tools' counts differ at any size (the tables say where).
 """
 
 from __future__ import annotations
