@@ -190,8 +190,10 @@ public:
     const Ngram& key_at(size_t i) const { return keys_[i]; }
     const Part& part_at(size_t i) const { return part_ref(i); }
 
-    const Part* find(const Ngram& k) const {
-        const uint64_t h = hash_ngram(k);
+    const Part* find(const Ngram& k) const { return find(k, hash_ngram(k)); }
+
+    // find() given h = hash_ngram(k): drafting hashes a key once for both caches it probes.
+    const Part* find(const Ngram& k, uint64_t h) const {
         const uint32_t fp = static_cast<uint32_t>(h >> 32);
         for (size_t s = h & mask_;; s = (s + 1) & mask_) {
             const uint64_t v = slots_[s];
@@ -202,6 +204,9 @@ public:
             }
         }
     }
+
+    // Starts loading the slot where a lookup of hash h begins (see prefetch_read).
+    void prefetch(uint64_t h) const { prefetch_read(slots_.data() + (h & mask_)); }
 
     // The part for `k`, created empty if absent.
     // For building a cache (loaders): the caller may set any count through the part, so

@@ -38,9 +38,11 @@ struct DraftStep {
 //   Ref find2(a, b) const
 //   int64_t count(Ref, token) const       (0 if the token never followed the key)
 //   bool best(Ref, token_t& tok) const    (llama.cpp's try_static: thresholds + tie rule)
+//   void prefetch2(a, b) const            (a hint that find2(a, b) will follow)
 struct NoStatic {
     using Ref = const void*;
     Ref find2(token_t, token_t) const { return nullptr; }
+    void prefetch2(token_t, token_t) const {}
     int64_t count(Ref, token_t) const { return 0; }
     bool best(Ref, token_t&) const { return false; }
 };
@@ -78,6 +80,7 @@ struct CacheAsStatic {
     using Ref = const Part*;
     const NgramCache* cache;
     Ref find2(token_t a, token_t b) const { return cache->find(Ngram::of2(a, b)); }
+    void prefetch2(token_t a, token_t b) const { cache->prefetch(hash_ngram(Ngram::of2(a, b))); }
     int64_t count(Ref r, token_t t) const { return r->count_of(t); }
     bool best(Ref r, token_t& tok) const {
         if (r == nullptr || !static_thresholds_pass(r->max_count(), r->sum())) return false;
@@ -88,15 +91,54 @@ struct CacheAsStatic {
 
 namespace detail {
 
+// The keys of one draft step, n = 1..4 tokens ending at the window's end, hashed once by the
+// context cache's probes and used again by the dynamic cache's (which run only when the
+// context cache drafted nothing, so after every key of the step was hashed).
+struct StepKeys {
+    Ngram key[kNgramMax];
+    uint64_t hash[kNgramMax];
+};
+
+// The static part of the step's last 2-gram, looked up when first needed: by then the
+// probes of the context cache have run while its bucket was on its way (prefetch2).
+template <class Static>
+class StaticPart {
+public:
+    using Ref = typename Static::Ref;
+    StaticPart(const Static& st, token_t a, token_t b) : st_(st), a_(a), b_(b) { st.prefetch2(a, b); }
+    Ref get() {
+        if (!found_) {
+            ref_ = st_.find2(a_, b_);
+            found_ = true;
+        }
+        return ref_;
+    }
+
+private:
+    const Static& st_;
+    token_t a_, b_;
+    bool found_ = false;
+    Ref ref_{};
+};
+
 // try_draft of llama.cpp for one cache: longest n-gram first, first that passes wins.
+// With `hash_keys` (the context cache's call) each key is hashed into `keys` as it is
+// probed, and its slot in `next` (the dynamic cache, if any) starts loading, so that those
+// misses overlap the probes here; without it (the dynamic cache's call) `keys` is read.
 template <class Static>
 inline bool try_primary(const NgramCache& cache, const token_t* window, int window_len,
                         int ngram_min, int ngram_max, const Static& st,
-                        typename Static::Ref part_static, const int* min_sample,
-                        const int* min_percent, token_t& out, int& out_size) {
+                        StaticPart<Static>& static_part, StepKeys& keys, bool hash_keys,
+                        const NgramCache* next, const int* min_sample, const int* min_percent,
+                        token_t& out, int& out_size) {
     for (int n = ngram_max; n >= ngram_min; --n) {
         if (n > window_len) continue;  // longer than the sequence: not found
-        const Part* part = cache.find(Ngram(window + window_len - n, n));
+        if (hash_keys) {
+            keys.key[n - 1] = Ngram(window + window_len - n, n);
+            keys.hash[n - 1] = hash_ngram(keys.key[n - 1]);
+            if (next != nullptr) next->prefetch(keys.hash[n - 1]);
+        }
+        const Part* part = cache.find(keys.key[n - 1], keys.hash[n - 1]);
         if (part == nullptr) continue;
         const int i = n - ngram_min;
         const int64_t sum = part->sum();
@@ -104,6 +146,7 @@ inline bool try_primary(const NgramCache& cache, const token_t* window, int wind
         // fail harder with the best-scored token's count than with the maximum count.
         if (sum < min_sample[i]) continue;
         if (100 * int64_t(part->max_count()) < int64_t(min_percent[i]) * sum) continue;
+        const typename Static::Ref part_static = static_part.get();
         if (part_static == nullptr) {
             // Without static weights the score is the count itself.
             out = best_by_count(*part);
@@ -189,20 +232,22 @@ inline size_t draft(const token_t* inp, size_t n_inp, size_t n_draft, int ngram_
     }
 
     size_t n = 0;
+    detail::StepKeys keys;
     while (n < n_draft) {
-        const auto part_static = st.find2(window[window_len - 2], window[window_len - 1]);
+        // The static bucket is requested now and read once the context cache's probes ran.
+        detail::StaticPart<Static> static_part(st, window[window_len - 2], window[window_len - 1]);
         token_t tok = kTokenNull;
         int size = 0;
         DraftSource src = DraftSource::context;
-        if (!detail::try_primary(context, window, window_len, ngram_min, ngram_max, st, part_static,
-                                 kMinSampleLax, kMinPercentLax, tok, size)) {
+        if (!detail::try_primary(context, window, window_len, ngram_min, ngram_max, st, static_part, keys,
+                                 true, dynamic, kMinSampleLax, kMinPercentLax, tok, size)) {
             src = DraftSource::dynamic;
             if (dynamic == nullptr ||
-                !detail::try_primary(*dynamic, window, window_len, ngram_min, ngram_max, st,
-                                     part_static, kMinSampleStrict, kMinPercentStrict, tok, size)) {
+                !detail::try_primary(*dynamic, window, window_len, ngram_min, ngram_max, st, static_part,
+                                     keys, false, nullptr, kMinSampleStrict, kMinPercentStrict, tok, size)) {
                 src = DraftSource::statik;
                 size = kNgramStatic;
-                if (!st.best(part_static, tok)) break;
+                if (!st.best(static_part.get(), tok)) break;
             }
         }
         out[n] = tok;

@@ -61,6 +61,17 @@ struct Ngram {
 };
 static_assert(sizeof(Ngram) == 16, "an n-gram key is 16 bytes, as in llama.cpp");
 
+// Asks the CPU to start loading the cache line at p (a hint: never faults, whatever p is).
+// Drafting issues these for every table slot a step may read before it reads any, so that
+// the misses of independent lookups overlap instead of following one another.
+inline void prefetch_read(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(p, 0, 3);
+#else
+    (void)p;
+#endif
+}
+
 // murmur3's 64-bit finaliser: a bijection that spreads every input bit over the output.
 inline uint64_t fmix64(uint64_t h) {
     h ^= h >> 33;

@@ -183,6 +183,12 @@ public:
         return nullptr;
     }
 
+    // Starts loading the bucket of the 2-gram (a, b), which find2 reads first.
+    void prefetch2(token_t a, token_t b) const {
+        const token_t key[2] = {a, b};
+        prefetch_read(buckets_ + 4 * ngst::bucket_of(ngst::key_hash(key, 2), h_.bucket_bits));
+    }
+
     // The stored entries of a record, clamped to the entries section. Empty means the
     // key has a single continuation: its best token.
     std::pair<const uint8_t*, uint64_t> stored(Ref r) const {
