@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds and runs one fuzz target for SECONDS (default 600), nice'd, one job:
+#   fuzz/run.sh TARGET [SECONDS] [more libFuzzer flags]
+# C++ targets (lookup, ngst): clang++ with libFuzzer, AddressSanitizer and UBSan.
+# Python targets (tokens_file, cache_files, saved_state, cli): atheris, with the package's
+# extension built with AddressSanitizer and UBSan (NGRAMCACHE_SANITIZE=ON) for the run and
+# rebuilt without it afterwards.
+# New inputs go to build/fuzz/work/TARGET (the committed corpus is only read), findings to
+# build/fuzz/findings/TARGET/, the log to build/fuzz/TARGET.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target="${1:?usage: fuzz/run.sh TARGET [SECONDS] [libFuzzer flags]}"
+seconds="${2:-600}"
+shift $(( $# >= 2 ? 2 : 1 ))
+py="${PYTHON:-.venv/bin/python}"
+work="build/fuzz/work/$target"
+found="build/fuzz/findings/$target"
+mkdir -p "$work" "$found" fuzz/crashers/"$target"
+flags=(-max_total_time="$seconds" -jobs=1 -workers=1 -print_final_stats=1 -timeout=20 -rss_limit_mb=4096
+       -artifact_prefix="$found/" "$@")
+inputs=("$work" fuzz/corpus/"$target" fuzz/crashers/"$target")
+
+case "$target" in
+  lookup|ngst)
+    exe="build/fuzz/${target}_fuzz"
+    clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+        -fno-omit-frame-pointer -Icpp/include -Ifuzz "fuzz/${target}_fuzz.cpp" -o "$exe"
+    nice -n 10 "$exe" "${flags[@]}" "${inputs[@]}" 2>&1 | tee "build/fuzz/$target.log"
+    ;;
+  tokens_file|cache_files|saved_state|cli)
+    rebuild() {
+        nice -n 10 "$py" -m pip install --no-build-isolation --no-deps -q -e . \
+            -Ccmake.define.NGRAMCACHE_SANITIZE="$1" -Cbuild-dir="build/ext-sanitize-$1"
+    }
+    rebuild ON
+    trap 'rebuild OFF' EXIT
+    # gcc's runtimes first in the process (Python itself is not instrumented); leaks are
+    # not findings here: the interpreter keeps memory until exit.
+    LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
+    ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        nice -n 10 "$py" fuzz/py_fuzz.py "$target" "${flags[@]}" "${inputs[@]}" 2>&1 | tee "build/fuzz/$target.log"
+    ;;
+  *) echo "unknown target $target (lookup, ngst, tokens_file, cache_files, saved_state, cli)" >&2; exit 2 ;;
+esac
