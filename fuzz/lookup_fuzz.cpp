@@ -99,7 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (t.ngram_size() == 2) {
             const std::vector<token_t> inp = fuzz::tokens_from(data, size, 64, 6);
             token_t out[8];
-            NgramCache empty;
+            static const NgramCache empty;
             const size_t n = draft(inp.data(), inp.size(), 8, 1, 4, empty, nullptr, t, out);
             fuzz::require(n <= 8, "draft returned more tokens than asked for");
         }

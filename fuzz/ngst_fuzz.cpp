@@ -49,7 +49,7 @@ void use(const StaticTable& t, const uint8_t* data, size_t size) {
         t.best(r, best);
     }
     if (n == 2 && q.size() >= 2) {
-        NgramCache empty;
+        static const NgramCache empty;
         token_t out[8];
         const size_t got = draft(q.data(), q.size(), 8, 1, 4, empty, nullptr, t, out);
         fuzz::require(got <= 8, "draft returned more tokens than asked for");
