@@ -125,8 +125,8 @@ def read_tokens_file(path: str | os.PathLike) -> np.ndarray:
     if head == _NPY_MAGIC:
         try:
             arr = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise ValueError(f"{path}: not a readable .npy file ({e})") from None
+        except Exception as e:  # numpy's header parser also raises tokenize errors, SyntaxError ...
+            raise ValueError(f"{path}: not a readable .npy file ({type(e).__name__}: {e})") from None
         if arr.dtype.kind not in "iu":
             raise ValueError(f"{path}: token ids must be integers, the .npy holds dtype {arr.dtype}")
         return as_tokens(arr, path)
