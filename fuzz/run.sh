@@ -30,18 +30,33 @@ case "$target" in
         nice -n 10 "$exe" "${flags[@]}" "${inputs[@]}" 2>&1 | tee "build/fuzz/$target.log"
     ;;
   tokens_file|cache_files|saved_state|cli)
+    # atheris brings its own libFuzzer, but a sanitizer runtime preloaded beside it
+    # (gcc's libasan) defines the coverage hooks too and blinds it. So: one runtime with
+    # clang's ASan (UBSan included) and libFuzzer together, preloaded, and the extension
+    # built with clang against it; atheris then uses the libFuzzer already loaded.
+    rt="build/fuzz/asan_with_fuzzer.so"
+    if [ ! -f "$rt" ]; then
+        lib="$(clang++ -print-resource-dir)/lib/linux"
+        rm -rf build/fuzz/rt && mkdir -p build/fuzz/rt
+        (cd build/fuzz/rt && ar x "$lib/libclang_rt.asan-x86_64.a" && rm -f asan_preinit.cpp.o &&
+         ar x "$lib/libclang_rt.asan_cxx-x86_64.a" && ar x "$lib/libclang_rt.fuzzer_no_main-x86_64.a")
+        clang++ -shared -o "$rt" build/fuzz/rt/*.o -lpthread -ldl -lrt -lstdc++
+    fi
     rebuild() {  # the sanitized build in a folder of its own, so that both stay cached
-        local dir=()
-        [ "$1" = ON ] && dir=(-Cbuild-dir=build/ext-sanitize)
-        nice -n 10 "$py" -m pip install --no-build-isolation --no-deps -q -e . \
-            -Ccmake.define.NGRAMCACHE_SANITIZE="$1" "${dir[@]}"
+        if [ "$1" = ON ]; then
+            CC=clang CXX=clang++ nice -n 10 "$py" -m pip install --no-build-isolation --no-deps -q -e . \
+                -Ccmake.define.NGRAMCACHE_SANITIZE=ON -Cbuild-dir=build/ext-sanitize-clang
+        else
+            nice -n 10 "$py" -m pip install --no-build-isolation --no-deps -q -e .
+        fi
     }
     rebuild ON
     trap 'rebuild OFF' EXIT
-    # gcc's runtimes first in the process (Python itself is not instrumented); leaks are
-    # not findings here: the interpreter keeps memory until exit.
-    LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
-    ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    # Leaks are not findings here (the interpreter keeps memory until exit);
+    # allocator_may_return_null: a huge allocation is Python's MemoryError, not a crash.
+    LD_PRELOAD="$PWD/$rt" \
+    ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:malloc_context_size=2 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         nice -n 10 "$py" fuzz/py_fuzz.py "$target" "${flags[@]}" "${inputs[@]}" 2>&1 | tee "build/fuzz/$target.log"
     ;;
   *) echo "unknown target $target (lookup, ngst, tokens_file, cache_files, saved_state, cli)" >&2; exit 2 ;;

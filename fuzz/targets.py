@@ -354,6 +354,19 @@ def cli(data: bytes) -> None:
                 f"status 1 without a one-line error for {argv!r}:\n{text}")
 
 
+def warm_up() -> None:
+    """Imports everything the targets use (for instrumentation that sees loaded code)."""
+    import ngramcache.cli  # noqa: F401
+    import ngramcache.files  # noqa: F401
+    import ngramcache.serving  # noqa: F401
+    import ngramcache.speculative  # noqa: F401
+    import ngramcache.suffix  # noqa: F401
+
+    _cli_setup()
+    for name in _CLI_COMMANDS:
+        __import__(f"ngramcache.commands.{name}")
+
+
 TARGETS = {
     "tokens_file": tokens_file,
     "cache_files": cache_files,
