@@ -5,14 +5,14 @@ valid ones made by the package itself, then truncated and bit-flipped variants).
 
 Deterministic: the same package writes the same seeds. A fuzzing run grows its own
 working corpus elsewhere (fuzz/run.sh keeps it under build/fuzz/); what it finds worth
-keeping is merged back with -merge=1 (docs/fuzzing.md).
+keeping is merged back with -merge=1 (docs/fuzzing.md), and this script leaves those
+merged files alone.
 """
 
 from __future__ import annotations
 
 import io
 import random
-import shutil
 import struct
 import sys
 import zlib
@@ -181,10 +181,9 @@ def cli_seeds() -> dict[str, bytes]:
 
 
 def write(target: str, seeds: dict[str, bytes]) -> None:
+    # Only the seeds are rewritten: the inputs merged in from fuzzing runs stay.
     folder = HERE / "corpus" / target
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     for name, data in seeds.items():
         (folder / name).write_bytes(data)
     print(f"{target}: {len(seeds)} files, {sum(map(len, seeds.values()))} bytes")
