@@ -180,6 +180,23 @@ def cli_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def cost_store_seeds() -> dict[str, bytes]:
+    k = targets.COST_KEY
+    return {
+        "valid": b'{"' + k + b'": [0.01, 0.012, 0.015]}',
+        "other_key": b'{"v2|/m.gguf|1|2|t2|tb2": [0.5]}',
+        "two_keys": b'{"' + k + b'": [0.5, 1.0], "x": [1]}',
+        "not_a_dict": b"[1, 2]",
+        "element_list": b'{"' + k + b'": [0.1, [0.2]]}',
+        "element_text": b'{"' + k + b'": ["0.5"]}',
+        "negative": b'{"' + k + b'": [-1, 2]}',
+        "huge": b'{"' + k + b'": [1e400]}',
+        "cut": b'{"' + k + b'": [0.01, 0.0',
+        "not_utf8": b'\xff\xfe{"' + k + b'": [1]}',
+        "empty": b"",
+    }
+
+
 def write(target: str, seeds: dict[str, bytes]) -> None:
     # Only the seeds are rewritten: the inputs merged in from fuzzing runs stay.
     folder = HERE / "corpus" / target
@@ -196,6 +213,7 @@ def main() -> None:
     write("tokens_file", tokens_file_seeds())
     write("cache_files", cache_files_seeds())
     write("saved_state", saved_state_seeds(tmp))
+    write("cost_store", cost_store_seeds())
     write("cli", cli_seeds())
 
 

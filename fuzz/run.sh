@@ -2,7 +2,7 @@
 # Builds and runs one fuzz target for SECONDS (default 600), nice'd, one job:
 #   fuzz/run.sh TARGET [SECONDS] [more libFuzzer flags]
 # C++ targets (lookup, ngst): clang++ with libFuzzer, AddressSanitizer and UBSan.
-# Python targets (tokens_file, cache_files, saved_state, cli): atheris, with the package's
+# Python targets (tokens_file, cache_files, saved_state, cost_store, cli): atheris, with the package's
 # extension built with AddressSanitizer and UBSan (NGRAMCACHE_SANITIZE=ON) for the run and
 # rebuilt without it afterwards.
 # New inputs go to build/fuzz/work/TARGET (the committed corpus is only read), findings to
@@ -29,7 +29,7 @@ case "$target" in
     ASAN_OPTIONS="${ASAN_OPTIONS:-malloc_context_size=2}" \
         nice -n 10 "$exe" "${flags[@]}" "${inputs[@]}" 2>&1 | tee "build/fuzz/$target.log"
     ;;
-  tokens_file|cache_files|saved_state|cli)
+  tokens_file|cache_files|saved_state|cost_store|cli)
     # atheris brings its own libFuzzer, but a sanitizer runtime preloaded beside it
     # (gcc's libasan) defines the coverage hooks too and blinds it. So: one runtime with
     # clang's ASan (UBSan included) and libFuzzer together, preloaded, and the extension
@@ -59,5 +59,5 @@ case "$target" in
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         nice -n 10 "$py" fuzz/py_fuzz.py "$target" "${flags[@]}" "${inputs[@]}" 2>&1 | tee "build/fuzz/$target.log"
     ;;
-  *) echo "unknown target $target (lookup, ngst, tokens_file, cache_files, saved_state, cli)" >&2; exit 2 ;;
+  *) echo "unknown target $target (lookup, ngst, tokens_file, cache_files, saved_state, cost_store, cli)" >&2; exit 2 ;;
 esac

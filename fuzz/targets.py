@@ -218,6 +218,35 @@ def saved_state(data: bytes) -> None:
 
 
 # ----------------------------------------------------------------------------------------
+# the verification-cost store (llama.load_costs / store_costs): JSON in the user's cache
+# ----------------------------------------------------------------------------------------
+
+COST_KEY = b"@KEY@"
+
+
+def cost_store(data: bytes) -> None:
+    """``load_costs`` on the input as the store (``@KEY@`` stands for the key of a model
+    file, which no mutation would guess): None or a list of positive finite costs; then
+    ``store_costs`` replaces a damaged store, and the costs it stored load back."""
+    import json
+    import math
+
+    from ngramcache import llama
+
+    model = scratch() / "model.gguf"
+    if not model.exists():
+        model.write_bytes(b"GGUF")
+    key = json.dumps(llama._cost_key(str(model), 2, 2))[1:-1].encode()
+    path = _write("costs.json", data.replace(COST_KEY, key))
+    costs = llama.load_costs(str(model), 2, 2, str(path))
+    require(costs is None or (isinstance(costs, list) and costs and
+                              all(isinstance(c, float) and math.isfinite(c) and c > 0 for c in costs)),
+            f"load_costs returned {costs!r}")
+    llama.store_costs(str(model), 2, 2, [0.25, 0.5], str(path))
+    require(llama.load_costs(str(model), 2, 2, str(path)) == [0.25, 0.5], "stored costs do not load back")
+
+
+# ----------------------------------------------------------------------------------------
 # the command line, in-process
 # ----------------------------------------------------------------------------------------
 
@@ -358,6 +387,7 @@ def warm_up() -> None:
     """Imports everything the targets use (for instrumentation that sees loaded code)."""
     import ngramcache.cli  # noqa: F401
     import ngramcache.files  # noqa: F401
+    import ngramcache.llama  # noqa: F401
     import ngramcache.serving  # noqa: F401
     import ngramcache.speculative  # noqa: F401
     import ngramcache.suffix  # noqa: F401
@@ -371,5 +401,6 @@ TARGETS = {
     "tokens_file": tokens_file,
     "cache_files": cache_files,
     "saved_state": saved_state,
+    "cost_store": cost_store,
     "cli": cli,
 }
