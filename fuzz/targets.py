@@ -126,14 +126,20 @@ def cache_files(data: bytes) -> None:
     from ngramcache.files import open_cache
 
     path = _write("cache.ngst" if data[:4] == b"NGST" else "cache.bin", data)
+    head = None
+    if data[:4] == b"NGST":  # what `info` reads: the header alone, as strict as open
+        try:
+            head = StaticTable.read_header(path)
+        except CacheFormatError as e:
+            _clear_message(e)
     try:
         opened = open_cache(path)
     except CacheFormatError as e:
         _clear_message(e)
+        require(head is None, "read_header accepts a table that open refuses")
         return
     if isinstance(opened, StaticTable):
-        head = StaticTable.read_header(path)
-        require(head["n_keys"] == len(opened), "header and table disagree")
+        require(head is not None and head["n_keys"] == len(opened), "read_header and open disagree")
         opened.arrays()
         if opened.ngram_size == 2:
             _draft_with(data, static=opened)
