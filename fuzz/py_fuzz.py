@@ -26,7 +26,10 @@ def main() -> None:
         sys.exit(f"usage: {sys.argv[0]} TARGET [libFuzzer flags] [CORPUS ...]; targets: "
                  + ", ".join(targets.TARGETS))
     target = targets.TARGETS[sys.argv[1]]
-    atheris.Setup([sys.argv[0]] + sys.argv[2:], target)
+    # libFuzzer reruns its argv[0] through the shell for -merge=1 and -fork: the whole
+    # command, so that the child runs the same interpreter and target.
+    argv0 = f"{sys.executable} {Path(__file__).resolve()} {sys.argv[1]}"
+    atheris.Setup([argv0] + sys.argv[2:], target)
     atheris.Fuzz()
 
 
