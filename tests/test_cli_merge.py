@@ -37,3 +37,16 @@ def test_merge_mixed_formats(vectors_dir, tmp_path, capsys):
     assert s["format"] == "ngst" and s["total_count"] == 2 * 248_750
     run_json(capsys, "convert", tmp_path / "twice.ngst", tmp_path / "twice2.bin")
     assert canonical_bytes(NgramCache.load(tmp_path / "twice2.bin")) == canonical_bytes(ref)
+
+
+def test_merge_count_overflow_is_a_one_line_error(tmp_path, capsys):
+    import struct
+
+    from ngramcache.cli import main
+
+    near_max = tmp_path / "near_max.bin"  # one pair counted 2^31 - 1 times: twice is past int32
+    near_max.write_bytes(struct.pack("<4ii2i", 1, 2, -1, -1, 1, 5, 2**31 - 1))
+    assert main(["merge", str(near_max), str(near_max), str(tmp_path / "out.bin")]) == 1
+    err = capsys.readouterr().err
+    assert err == "ngramcache merge: error: n-gram count exceeds the int32 range of lookup.bin\n"
+    assert not (tmp_path / "out.bin").exists()

@@ -75,6 +75,16 @@ def test_read_tokens_errors(tmp_path):
         F.read_tokens_file(tmp_path)
 
 
+def test_read_tokens_npy_header_numpy_cannot_parse(tmp_path):
+    # numpy's header parser lets the tokenizer's own error out for an unclosed bracket
+    # (not a ValueError): still a damaged .npy file.
+    header = b"{'descr': '<i4', 'fortran_order': False, 'shape': (3, }".ljust(117) + b"\n"
+    bad = tmp_path / "unclosed.npy"
+    bad.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + bytes(12))
+    with pytest.raises(ValueError, match=r"unclosed.npy: not a readable .npy file \(TokenError: "):
+        F.read_tokens_file(bad)
+
+
 # --- inputs ----------------------------------------------------------------------------
 
 def test_expand_inputs(tmp_path):

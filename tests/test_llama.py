@@ -130,3 +130,16 @@ def test_costs_are_kept_on_disk(tmp_path):
     store_costs(str(model), 2, 2, [0.5], str(cache))  # a damaged file is replaced
     assert json.loads(cache.read_text())
     assert [p.name for p in cache.parent.iterdir()] == ["costs.json"]
+
+
+@pytest.mark.parametrize("damage", ['{"KEY": [{"a": 1}]}', '{"KEY": [0.1, [0.2]]}', "[" * 100_000])
+def test_a_damaged_cost_store_is_ignored_then_replaced(tmp_path, damage):
+    from ngramcache.llama import _cost_key
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    cache = tmp_path / "costs.json"
+    cache.write_text(damage.replace("KEY", _cost_key(str(model), 2, 2)))
+    assert load_costs(str(model), 2, 2, str(cache)) is None
+    store_costs(str(model), 2, 2, [0.5, 0.6], str(cache))
+    assert load_costs(str(model), 2, 2, str(cache)) == [0.5, 0.6]

@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args, _describe_oserror(e))
     except (RunError, ValueError, ImportError, RuntimeError) as e:
         return _fail(args, _damaged(e) + str(e))
+    except OverflowError as e:  # counts summed past lookup.bin's int32 (merge)
+        return _fail(args, str(e))
 
 
 def _fail(args, message: str, status: int = 1) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from tokenize import TokenError
 from typing import Iterable
 
 import numpy as np
@@ -125,9 +124,7 @@ def read_tokens_file(path: str | os.PathLike) -> np.ndarray:
     if head == _NPY_MAGIC:
         try:
             arr = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError, SyntaxError, TokenError, MemoryError, OverflowError) as e:
-            # numpy parses the header as a Python literal: damage there raises the errors of
-            # Python's own tokenizer and parser
+        except Exception as e:  # numpy's header parser also raises tokenize errors, SyntaxError ...
             raise ValueError(f"{path}: not a readable .npy file ({type(e).__name__}: {e})") from None
         if arr.dtype.kind not in "iu":
             raise ValueError(f"{path}: token ids must be integers, the .npy holds dtype {arr.dtype}")

@@ -442,13 +442,13 @@ def load_costs(model_path: str, n_threads: int, n_threads_batch: int, path: str 
         with open(path, encoding="utf-8") as f:
             table = json.load(f)
         costs = table.get(_cost_key(model_path, n_threads, n_threads_batch))
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: JSON nested too deep
         return None
     if not isinstance(costs, list) or not costs:
         return None
     try:
         check_costs(costs)
-    except ValueError:
+    except (ValueError, TypeError):  # TypeError: an element that is no number (a dict ...)
         return None
     return [float(c) for c in costs]
 
@@ -464,7 +464,7 @@ def store_costs(model_path: str, n_threads: int, n_threads_batch: int, costs: Se
             table = json.load(f)
         if not isinstance(table, dict):
             table = {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         table = {}
     table[_cost_key(model_path, n_threads, n_threads_batch)] = [float(c) for c in costs]
     with atomic_open(path, "w", encoding="utf-8") as f:
