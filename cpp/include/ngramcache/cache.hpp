@@ -533,9 +533,11 @@ private:
                 const uint32_t idx = index_of_or_insert(Ngram(inp + i - n, n));
                 Part& p = part_ref(idx);
                 const uint32_t before = p.size();
+                const bool new_key = idx == last_used_.size();
                 p.add(inp[i], 1);
                 counted(idx, p.size() - before, base + i);
-                if (estimated_bytes() > max_bytes_) evict();
+                // Only a new key or entry can take the footprint past the budget.
+                if ((new_key || p.size() != before) && estimated_bytes() > max_bytes_) evict();
             }
         }
         clock_ += nnew;
