@@ -3,6 +3,8 @@
 use when the full set (../shared/vectors) is not there.
 
     .venv/bin/python scripts/compact_vectors.py [--source DIR] [--out DIR]
+    python3 scripts/compact_vectors.py --unpack DEST     (the compact copy under the full set's
+                                                          names, for the C++ vector tests)
 
 Every file is kept whole (gzipped, except the small JSON and README files), except the
 per-position draft logs: those keep only some of their rows (ROWS_KEPT below). compact.json
@@ -117,12 +119,30 @@ def compact(source: Path, out: Path) -> dict:
     return manifest
 
 
+def unpack(compact_dir: Path, dest: Path) -> None:
+    manifest = json.loads((compact_dir / "compact.json").read_text())
+    for name, entry in manifest["files"].items():
+        stored = compact_dir / entry["stored"]
+        data = stored.read_bytes()
+        if entry["stored"] == name + ".gz":
+            data = gzip.decompress(data)
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_bytes(data)
+    (dest / "compact.json").write_bytes((compact_dir / "compact.json").read_bytes())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", type=Path, default=ROOT.parent / "shared" / "vectors",
                     help="the full set of reference vectors (default: ../shared/vectors)")
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "data", help="where to write (default: tests/data)")
+    ap.add_argument("--unpack", type=Path, metavar="DEST",
+                    help="instead: write the compact copy in tests/data (or --out) under the full set's file "
+                         "names into DEST, gunzipped (draft logs stay gzipped, as in the full set)")
     args = ap.parse_args(argv)
+    if args.unpack is not None:
+        unpack(args.out, args.unpack)
+        return 0
     if not (args.source / "prose.tokens.i32").is_file():
         print(f"{args.source}: not the full set of reference vectors", file=sys.stderr)
         return 1

@@ -22,11 +22,13 @@ using namespace ngramcache;
 using test::Tokens;
 
 // NGRAMCACHE_VECTORS is set by CTest (CMake option of the same name).
-static std::string vectors_file(const std::string& name) {
+// A folder holding the full set, or the compact copy unpacked by
+// `scripts/compact_vectors.py --unpack` (which adds its compact.json).
+static std::string vectors_file(const std::string& name, bool required = true) {
     const char* dir = std::getenv("NGRAMCACHE_VECTORS");
     if (dir == nullptr || *dir == '\0') SKIP("NGRAMCACHE_VECTORS is not set");
     const std::filesystem::path p = std::filesystem::path(dir) / name;
-    if (!std::filesystem::is_regular_file(p)) SKIP("reference vector " + p.string() + " is absent");
+    if (required && !std::filesystem::is_regular_file(p)) SKIP("reference vector " + p.string() + " is absent");
     return p.string();
 }
 
@@ -154,23 +156,30 @@ static std::vector<Row> read_drafts(const std::string& name) {
     return rows;
 }
 
+// Every row of the log against the draft at its position. The full log has a row for every
+// position; the compact copy of the vectors (tests/data) keeps some of them, in order (the
+// Python tests check the rows left out through their hash).
 template <class Static>
 static void check_drafts(const std::vector<Row>& want, const Tokens& prose, const NgramCache* dynamic,
                          const Static& st) {
-    CHECK_EQ(want.size(), prose.size());
+    const bool compact = std::filesystem::is_regular_file(vectors_file("compact.json", false));
+    if (!compact) CHECK_EQ(want.size(), prose.size());
+    CHECK(want.size() >= 600 && want.size() <= prose.size());
     NgramCache context;
     Tokens out(8);
-    size_t drafted = 0;
+    size_t drafted = 0, row = 0;
     for (size_t i = 0; i < prose.size(); ++i) {
         const size_t len = i + 1;
         if (len >= 2) context.update(prose.data(), len, 1, 4, 1);
         const size_t n = draft(prose.data(), len, 8, 1, 4, context, dynamic, st, out.data());
-        check::note() = "pos " + std::to_string(len);
-        CHECK_EQ(want[i].pos, len);
-        CHECK_EQ(Tokens(out.begin(), out.begin() + n), want[i].draft);
         drafted += n;
+        if (row == want.size() || want[row].pos != len) continue;
+        check::note() = "pos " + std::to_string(len);
+        CHECK_EQ(Tokens(out.begin(), out.begin() + n), want[row].draft);
+        ++row;
     }
     check::note().clear();
+    CHECK_EQ(row, want.size());  // every row matched a position, in order
     CHECK(drafted > 80000);
 }
 
