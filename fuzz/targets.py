@@ -15,7 +15,6 @@ import io
 import os
 import shutil
 import struct
-import sys
 import tempfile
 import zlib
 from pathlib import Path
@@ -261,6 +260,24 @@ class ModelBoundary(Exception):
     (models are slow, and the packaged ones may not be installed)."""
 
 
+@contextlib.contextmanager
+def _models_replaced_by_a_boundary():
+    """The model and tokenizer loaders raise ModelBoundary for the length of one run, and
+    only then: the normal test run replays this target beside tests that load models."""
+    import ngramcache.models
+    import ngramcache.tokenizers
+
+    def boundary(*args, **kwargs):
+        raise ModelBoundary()
+
+    saved = ngramcache.models.model_path, ngramcache.tokenizers.load_tokenizer
+    ngramcache.models.model_path = ngramcache.tokenizers.load_tokenizer = boundary
+    try:
+        yield
+    finally:
+        ngramcache.models.model_path, ngramcache.tokenizers.load_tokenizer = saved
+
+
 _CLI_COMMANDS = ("create", "merge", "convert", "info", "stats", "generate", "demo", "serve", "chat")
 _FIXED_FILES = ("good.bin", "good.ngst", "tokens.i32", "tokens.npy", "text.txt", "fuzz.dat")
 _CLI_PATHS = _FIXED_FILES + ("folder", "missing.bin", "out.bin", "out.ngst", ".")
@@ -274,15 +291,7 @@ def _cli_setup() -> dict:
         return _cli_state
     import argparse
 
-    import ngramcache.models
-    import ngramcache.tokenizers
     from ngramcache.cli import build_parser
-
-    def boundary(*args, **kwargs):
-        raise ModelBoundary()
-
-    ngramcache.models.model_path = boundary
-    ngramcache.tokenizers.load_tokenizer = boundary
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     flags = {name: sorted(s for a in p._actions for s in a.option_strings) for name, p in sub.choices.items()}
@@ -368,7 +377,7 @@ def cli(data: bytes) -> None:
     cwd = os.getcwd()
     os.chdir(work)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _models_replaced_by_a_boundary():
             try:
                 status = cli_module.main(argv)
             except SystemExit as e:  # argparse: --help (0) or a usage error (2)

@@ -48,5 +48,6 @@ def test_merge_count_overflow_is_a_one_line_error(tmp_path, capsys):
     near_max.write_bytes(struct.pack("<4ii2i", 1, 2, -1, -1, 1, 5, 2**31 - 1))
     assert main(["merge", str(near_max), str(near_max), str(tmp_path / "out.bin")]) == 1
     err = capsys.readouterr().err
-    assert err == "ngramcache merge: error: n-gram count exceeds the int32 range of lookup.bin\n"
+    assert err.startswith("ngramcache merge: error: ") and "count exceeds the int32 range" in err
+    assert err.count("\n") == 1
     assert not (tmp_path / "out.bin").exists()

@@ -60,3 +60,12 @@ def test_the_cli_target_requires_a_one_line_error(monkeypatch):
     monkeypatch.setattr(info, "run", silent_failure)
     with pytest.raises(targets.Finding, match="one-line error"):
         targets.cli(targets.cli_input(["info", "good.bin"]))
+
+
+def test_the_cli_target_leaves_the_model_loaders_alone():
+    # The target stops runs where a model would load; the tests after it load real models.
+    import ngramcache.models
+    import ngramcache.tokenizers
+    loaders = ngramcache.models.model_path, ngramcache.tokenizers.load_tokenizer
+    targets.cli(targets.cli_input(["stats", "-m", "smollm2", "-f", "text.txt"]))
+    assert (ngramcache.models.model_path, ngramcache.tokenizers.load_tokenizer) == loaders
