@@ -46,11 +46,25 @@ def check_text_input(args) -> None:
     check_ranges(args, [("jobs", 1, "-j/--jobs must be at least 1"), ("piece_size", 0, "--piece-size must be >= 0")])
 
 
+def text_files(args) -> tuple[list, list]:
+    """(files, skipped): the files -f names (directories expanded), binary ones skipped
+    with a note; a RunError when none is left."""
+    from ..files import expand_inputs
+
+    files, skipped = expand_inputs(args.files)
+    if not files:
+        raise RunError("no text files found in " + ", ".join(args.files)
+                       + (f" ({len(skipped)} binary files skipped)" if skipped else ""))
+    for s in skipped:
+        note(args, f"{args.command}: skipping binary file {s}")
+    return files, skipped
+
+
 def read_text_input(args, timer) -> tuple:
     """The input's tokens, and what the summary says about where they came from
     (``inputs``, then for text ``input_bytes``, ``skipped_binary_files``, ``tokenizer``).
     Stages: ``read`` for token files; ``load tokenizer`` and ``tokenize`` for text."""
-    from ..files import expand_inputs, read_tokens_file
+    from ..files import read_tokens_file
     from ..progress import Progress
     from ..tokenizers import load_tokenizer, tokenize_files
 
@@ -58,12 +72,7 @@ def read_text_input(args, timer) -> tuple:
         with timer.stage("read"):
             tokens = read_tokens_file(args.tokens)
         return tokens, {"inputs": [args.tokens]}
-    files, skipped = expand_inputs(args.files)
-    if not files:
-        raise RunError("no text files found in " + ", ".join(args.files)
-                       + (f" ({len(skipped)} binary files skipped)" if skipped else ""))
-    for s in skipped:
-        note(args, f"{args.command}: skipping binary file {s}")
+    files, skipped = text_files(args)
     with timer.stage("load tokenizer"):
         tok = load_tokenizer(model=args.model, tokenizer_json=args.tokenizer)
     total = sum(f.stat().st_size for f in files)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from ._caches import add_format_flag, counts, finish, output_format, write_cache
-from ._common import RunError, Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser, note
-from ._inputs import add_text_input, check_text_input, read_text_input
+from ._common import Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser, note
+from ._inputs import add_text_input, check_text_input, read_text_input, text_files
 
 NGRAM_SIZE = 2  # llama.cpp's static cache: LLAMA_NGRAM_STATIC
 COUNT_CHUNK = 1 << 20  # tokens per update call, so counting can show progress
@@ -111,18 +111,12 @@ def _sharded(args) -> bool:
 
 
 def _run_sharded(args, fmt: str) -> int:
-    from ..files import expand_inputs
     from ..progress import Progress
     from ..sharded import close_client, connect, create_sharded, local_client
     from ..tokenizers import load_tokenizer
 
     timer = Timer()
-    files, skipped = expand_inputs(args.files)
-    if not files:
-        raise RunError("no text files found in " + ", ".join(args.files)
-                       + (f" ({len(skipped)} binary files skipped)" if skipped else ""))
-    for s in skipped:
-        note(args, f"create: skipping binary file {s}")
+    files, skipped = text_files(args)
     with timer.stage("load tokenizer"):
         # Checked here, so that a bad path fails before any worker starts; the workers
         # open the same path themselves.
