@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import ngramcache as nc  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
-from ngramcache.catalog import make_drafter  # noqa: E402
+from ngramcache.drafters.catalog import make_drafter  # noqa: E402
 from ngramcache.models import model_path  # noqa: E402
 
 # (label, catalog name, options); the llama.cpp drafters also with the sizes bench_e2e.py uses

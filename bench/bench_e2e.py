@@ -53,12 +53,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import ngramcache as nc  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
-from ngramcache.catalog import make_drafter  # noqa: E402
+from ngramcache.drafters.catalog import make_drafter  # noqa: E402
 from ngramcache.models import model_path  # noqa: E402
 
 VARIANTS = ("plain", "lcpp-plain", "pld-10", "pld-2", "fixed8-lcpp", "fixed8", "lookup", "ngc", "ngc+static",
             "suffix", "simple", "map-k", "mod", "pld", "oracle")
-# every drafter of ngramcache.catalog, with the adaptive gate, in ngramcache's loop; the
+# every drafter of ngramcache.drafters.catalog, with the adaptive gate, in ngramcache's loop; the
 # llama.cpp drafters with their own parameters sized for short generations (their
 # server defaults, n-grams of 12-24 tokens, seldom match within 128 tokens)
 CATALOG_VARIANTS = {

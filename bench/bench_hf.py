@@ -6,7 +6,7 @@ prompt lookup, on the end-to-end workloads.
     .venv/bin/python bench/bench_hf.py --models smollm2,gemma --tokens 128 --repeats 3 --json out.json
 
 The model is the packaged GGUF file, loaded by transformers itself and dequantised to float32
-on the CPU (``ngramcache.hf.load_model``). The workloads are bench_e2e.py's
+on the CPU (``ngramcache.integrations.hf.load_model``). The workloads are bench_e2e.py's
 (``ngramcache.data.bench_tasks``: summarise, edit code, RAG quote, conversation, open-ended),
 as raw prompts.
 
@@ -14,11 +14,11 @@ Variants, all greedy, in one process, order rotating between rounds, median of t
 
   plain         model.generate without drafts
   hf-pld-10     model.generate(prompt_lookup_num_tokens=10): transformers' prompt lookup
-  ngc           ngramcache.hf.generate with ngramcache's default drafter (CopyDrafter) and the
+  ngc           ngramcache.integrations.hf.generate with ngramcache's default drafter (CopyDrafter) and the
                 adaptive draft length from this model's measured verification costs (up to 32)
   ngc-fixed10   CopyDrafter, always up to 10 tokens (transformers' prompt lookup's budget)
   suffix, lookup, pld, simple, map-k, mod
-                the other drafters of ngramcache.catalog with the adaptive draft length
+                the other drafters of ngramcache.drafters.catalog with the adaptive draft length
   oracle        proposes the true continuation (plain's output) with the draft length that
                 maximises (k+1)/cost(k+1), k <= 32: the ceiling with the same verification costs
 
@@ -55,7 +55,7 @@ OPTIONS = {
     "mod": {"n_match": 8, "n_min": 1, "n_max": 16},
     "pld": {"max_ngram": 3, "min_ngram": 1},
 }
-N_DRAFT = 32  # the most tokens the adaptive variants draft (ngramcache.hf's default)
+N_DRAFT = 32  # the most tokens the adaptive variants draft (ngramcache.integrations.hf's default)
 
 
 class Recorder:

@@ -13,7 +13,7 @@ for ngramcache's drafters also the propose call alone (a peer's call is its whol
 keeps no state, so appending costs it nothing and every call rescans).
 
 Proposers:
-  * ngramcache: every drafter of ``ngramcache.catalog`` through its Python API (``propose``
+  * ngramcache: every drafter of ``ngramcache.drafters.catalog`` through its Python API (``propose``
     then ``accept``: "step"; ``propose`` alone: "propose only"), and the compiled core's
     own calls of the same drafter ("core step": the ``_core`` object's propose and accept,
     argument conversion included);
@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 import ngramcache as nc
-from ngramcache.catalog import DRAFTERS, make_drafter
+from ngramcache.drafters.catalog import DRAFTERS, make_drafter
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -7,7 +7,7 @@ Streams: the public llama.cpp reference streams (SmolLM2 tokens): ``prose`` (57,
 tokens of English prose), ``dynpub`` (the same kind of text, another document) and
 ``small-static`` (248k tokens of repetitive text). Each chunk of ``-c`` tokens is a request;
 the drafter proposes up to ``--n-draft`` tokens per step and is handed the accepted tokens
-plus the next text token (``ngramcache.stats.replay_drafter``; ``lookup`` is llama.cpp's
+plus the next text token (``ngramcache.replays.replay_drafter``; ``lookup`` is llama.cpp's
 lookup through ``ngramcache.replay``, context and dynamic cache as llama-lookup-stats).
 Figures: accepted tokens per step (what a verify step gains beyond its own token),
 acceptance of drafted tokens, and the drafter's time per step (median of ``--repeat`` runs).
@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 import ngramcache as nc
-from ngramcache.catalog import DRAFTERS, make_drafter
-from ngramcache.stats import replay_drafter
+from ngramcache.drafters.catalog import DRAFTERS, make_drafter
+from ngramcache.replays import replay_drafter
 
 STREAMS = ("prose", "dynpub", "small-static")
 # (label, drafter, options made fresh for every run): each drafter with its defaults, the

@@ -148,7 +148,7 @@ def corpus_parts(src: Path) -> list[tuple[str, list[Path]]]:
 
 
 def tokenizable(data: bytes, name: str) -> bool:
-    from ngramcache.text import InvalidTextError, prepare_text
+    from ngramcache.corpus.text import InvalidTextError, prepare_text
     try:
         prepare_text(data, True, name)
         return True

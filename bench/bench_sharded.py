@@ -64,7 +64,7 @@ def run_create(files: list[Path], out: Path, model: str, extra: list[str]) -> di
 IN_MEMORY_MERGE = """
 import json, os, resource, sys, time
 from ngramcache.files import load_counts
-from ngramcache.commands._caches import write_cache
+from ngramcache.cli._caches import write_cache
 t = time.perf_counter()
 *inputs, out = sys.argv[1:]
 merged = load_counts(inputs[0])

@@ -97,7 +97,7 @@ class RegexTokenizer:
 
 def make_tokenizer():
     try:
-        from ngramcache.tokenizers import load_tokenizer, tokenize_files
+        from ngramcache.corpus.tokenizers import load_tokenizer, tokenize_files
 
         tok = load_tokenizer(model="smollm2")
     except (ImportError, FileNotFoundError, ValueError) as e:
@@ -132,7 +132,7 @@ def tokens_of(text: bytes, tokenize, cache_dir: Path, label: str) -> np.ndarray:
 def drop_invalid(files: list[Path]) -> tuple[list[Path], list[str]]:
     """Files llama.cpp could not tokenize (a code point above U+10FFFF after escapes)."""
     try:
-        from ngramcache.tokenizers import InvalidTextError, prepare_text
+        from ngramcache.corpus.tokenizers import InvalidTextError, prepare_text
     except ImportError:
         return files, []
     keep, dropped = [], []

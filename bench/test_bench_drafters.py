@@ -1,4 +1,4 @@
-"""Paired benchmarks of every drafter of ``ngramcache.catalog``: ``propose`` in a decoding
+"""Paired benchmarks of every drafter of ``ngramcache.drafters.catalog``: ``propose`` in a decoding
 loop, beside the drafter's pure-Python reference model (tests/reference_*.py) on the same
 text in the same run, and for ``pld`` beside llama-cpp-python's own prompt lookup too.
 Both sides must propose the same tokens at every step.
@@ -18,7 +18,7 @@ import pytest
 
 import reference as ref
 import reference_speculative
-from ngramcache.catalog import DRAFTERS, make_drafter
+from ngramcache.drafters.catalog import DRAFTERS, make_drafter
 from pairs import BASELINE_ROUNDS, NGRAMCACHE_ROUNDS, baseline_side, ngramcache_side
 from reference_copy import ReferenceCopyDrafter
 from reference_prompt_lookup import prompt_lookup

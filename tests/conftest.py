@@ -26,7 +26,7 @@ import ngramcache as nc
 import reference as ref
 from ngramcache import NgramCache
 from ngramcache import data
-from ngramcache.cli import main
+from ngramcache.cli.main import main
 from ngramcache.models import default_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -348,7 +348,7 @@ def _fake_result(prompt, text="<7><8>"):
 
 @pytest.fixture
 def fake_llama(monkeypatch, tmp_path):
-    """ngramcache.llama with a fake model: records every prompt given to generate."""
+    """ngramcache.integrations.llama with a fake model: records every prompt given to generate."""
     from types import ModuleType, SimpleNamespace
     from ngramcache import llama as nl
     seen = []

@@ -1,4 +1,4 @@
-"""Every drafter by name (ngramcache.catalog), the drafter flags of the command line, and
+"""Every drafter by name (ngramcache.drafters.catalog), the drafter flags of the command line, and
 the C++ replay of any drafter (stats --drafter) against the same loop run in Python."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import ngramcache as nc
-from ngramcache.catalog import DEFAULT_DRAFTER, DRAFTERS, drafter_class, make_drafter
-from ngramcache.cli import main as cli_main
-from ngramcache.drafters import CoreSequenceDrafter, Drafter
-from ngramcache.gate import AdaptiveGate
-from ngramcache.stats import replay_drafter
+from ngramcache.drafters.catalog import DEFAULT_DRAFTER, DRAFTERS, drafter_class, make_drafter
+from ngramcache.cli.main import main as cli_main
+from ngramcache.drafters.base import CoreSequenceDrafter, Drafter
+from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.replays import replay_drafter
 
 COMPILED = [name for name in DRAFTERS if name != "lookup"]
 

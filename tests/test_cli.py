@@ -132,7 +132,7 @@ def test_runtime_errors_generate_demo(tmp_path, capsys):
 
 
 def test_interrupt_and_broken_pipe(capsys, monkeypatch):
-    from ngramcache.commands import info
+    from ngramcache.cli import info
 
     def interrupted(args):
         raise KeyboardInterrupt
@@ -158,7 +158,7 @@ def test_interrupt_and_broken_pipe(capsys, monkeypatch):
 # --- shared flags ----------------------------------------------------------------------
 
 def test_quiet_and_progress_to_stderr(vectors_dir, tmp_path, capsys, monkeypatch):
-    from ngramcache.commands import create
+    from ngramcache.cli import create
     from ngramcache.progress import Progress
     monkeypatch.setattr(Progress, "LOG_INTERVAL", 0.0)
     monkeypatch.setattr(create, "COUNT_CHUNK", 50_000)
@@ -231,7 +231,7 @@ def test_python_m_ngramcache(vectors_dir, tmp_path):
 def test_console_script():
     from importlib.metadata import entry_points
     eps = [e for e in entry_points(group="console_scripts") if e.name == "ngramcache"]
-    assert eps and eps[0].value == "ngramcache.cli:main"
+    assert eps and eps[0].value == "ngramcache.cli.main:main"
     script = Path(sys.executable).parent / "ngramcache"
     if not script.is_file():
         script = shutil.which("ngramcache")

@@ -15,7 +15,7 @@ import pytest
 import ngramcache
 from conftest import canonical_bytes, canonical_sha, cache_stats, needs_static, run_cli, run_json
 from ngramcache import NgramCache
-from ngramcache.tokenizers import tokenize_files
+from ngramcache.corpus.tokenizers import tokenize_files
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 
@@ -101,7 +101,7 @@ def test_create_stdlib_slice_with_tokens(tmp_path, capsys):
 def test_create_counts_in_chunks_like_one_update(tmp_path, capsys, monkeypatch):
     """Counting runs in chunks (for the progress bar): the chunk seams must not lose or
     double any 2-gram."""
-    from ngramcache.commands import create
+    from ngramcache.cli import create
     monkeypatch.setattr(create, "COUNT_CHUNK", 7)
     toks = np.random.default_rng(5).integers(0, 9, size=1000).astype("<i4")
     toks.tofile(tmp_path / "t.i32")
@@ -120,7 +120,7 @@ def test_create_stdlib_directory_with_model(tmp_path, capsys):
     assert rc == 0, err
     assert "skipping binary file" in err and "blob.dat" in err
     assert "create: done" in stdout and "tokens" in stdout and "peak memory" in stdout
-    from ngramcache.tokenizers import load_tokenizer
+    from ngramcache.corpus.tokenizers import load_tokenizer
     toks = tokenize_files(sorted(p for p in corpus.iterdir() if p.suffix == ".py"), load_tokenizer("smollm2"), jobs=1)
     ref = NgramCache()
     ref.update(toks, 2, 2)

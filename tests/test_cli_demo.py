@@ -30,7 +30,7 @@ def test_demo_prompt_rules(tmp_path, capsys, fake_llama, flags, content, want):
 
 @pytest.mark.model
 def test_cli_demo_small(gemma_path, capsys):
-    from ngramcache.cli import main
+    from ngramcache.cli.main import main
 
     rc = main(["demo", "-n", "24", "--repeats", "1", "--json"])
     assert rc == 0

@@ -32,7 +32,7 @@ def test_generate_fails_before_the_model_for_a_dynamic_cache_in_a_missing_folder
 
 @pytest.mark.model
 def test_cli_generate_json_and_errors(gemma_path, tmp_path, capsys):
-    from ngramcache.cli import main
+    from ngramcache.cli.main import main
 
     lcd = tmp_path / "dyn.bin"
     rc = main(["generate", "-p", PROMPTS[0], "-n", "12", "--json", "-c", "1024", "-lcd", str(lcd)])
@@ -50,8 +50,8 @@ def test_cli_generate_json_and_errors(gemma_path, tmp_path, capsys):
 
 @pytest.mark.model
 def test_cli_generate_every_drafter_gives_plain_greedy_text(gemma_path, capsys):
-    from ngramcache.catalog import DRAFTERS
-    from ngramcache.cli import main
+    from ngramcache.drafters.catalog import DRAFTERS
+    from ngramcache.cli.main import main
 
     base = ["generate", "-p", PROMPTS[0], "-n", "24", "--json", "-c", "1024"]
     assert main(base + ["--no-draft"]) == 0

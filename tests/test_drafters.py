@@ -11,7 +11,7 @@ import pytest
 
 import ngramcache as nc
 from ngramcache import Drafter, LookupDrafter, NgramCache, OracleDrafter
-from ngramcache.drafters import _TokenBuffer
+from ngramcache.drafters.base import _TokenBuffer
 
 from conftest import canonical_bytes
 

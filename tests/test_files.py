@@ -148,9 +148,9 @@ def test_a_path_with_a_nul_byte_is_refused_not_cut_short(tmp_path):
 
 def _every_save():
     """(name, save(path)) for every way the package writes a file."""
-    from ngramcache.llama import store_costs
-    from ngramcache.serving import Memory
-    from ngramcache.speculative import NgramModTable
+    from ngramcache.integrations.llama import store_costs
+    from ngramcache.serving.engine import Memory
+    from ngramcache.drafters.llama_ngram import NgramModTable
 
     tokens = np.arange(40, dtype=np.int32) % 7
     cache = nc.NgramCache()

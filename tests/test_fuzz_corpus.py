@@ -41,7 +41,7 @@ def test_replay(target, path):
 
 def test_the_cli_target_reports_what_escapes_main(monkeypatch):
     # What the target exists to catch: an exception main() does not turn into a status.
-    import ngramcache.commands.info as info
+    import ngramcache.cli.info as info
 
     def broken(args):
         raise KeyError("escaped")
@@ -52,7 +52,7 @@ def test_the_cli_target_reports_what_escapes_main(monkeypatch):
 
 
 def test_the_cli_target_requires_a_one_line_error(monkeypatch):
-    import ngramcache.commands.info as info
+    import ngramcache.cli.info as info
 
     def silent_failure(args):
         return 1
@@ -65,7 +65,7 @@ def test_the_cli_target_requires_a_one_line_error(monkeypatch):
 def test_the_cli_target_leaves_the_model_loaders_alone():
     # The target stops runs where a model would load; the tests after it load real models.
     import ngramcache.models
-    import ngramcache.tokenizers
-    loaders = ngramcache.models.model_path, ngramcache.tokenizers.load_tokenizer
+    import ngramcache.corpus.tokenizers
+    loaders = ngramcache.models.model_path, ngramcache.corpus.tokenizers.load_tokenizer
     targets.cli(targets.cli_input(["stats", "-m", "smollm2", "-f", "text.txt"]))
-    assert (ngramcache.models.model_path, ngramcache.tokenizers.load_tokenizer) == loaders
+    assert (ngramcache.models.model_path, ngramcache.corpus.tokenizers.load_tokenizer) == loaders

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ngramcache import AdaptiveGate, LookupDrafter
-from ngramcache.gate import expected_rate
+from ngramcache.decoding.gate import expected_rate
 
 
 def test_gate_skips_when_verification_is_dear_and_drafts_are_poor():

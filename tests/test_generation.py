@@ -9,7 +9,7 @@ import pytest
 
 from conftest import PROMPT, V, next_token, reference
 from ngramcache import AdaptiveGate, CopyDrafter, DraftStats, LookupDrafter, NgramCache, OracleDrafter
-from ngramcache.llama import generate, stream
+from ngramcache.integrations.llama import generate, stream
 
 
 class FakeModel:
@@ -241,7 +241,7 @@ def test_sampling_same_text_with_or_without_drafts(temperature):
 
 
 def test_sampler_follows_the_distribution():
-    from ngramcache.generation import Sampler
+    from ngramcache.decoding.loop import Sampler
 
     row = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
     s = Sampler(1.0, 0, 1.0, seed=7)

@@ -1,4 +1,4 @@
-"""ngramcache.hf: drafters inside transformers' generate.
+"""ngramcache.integrations.hf: drafters inside transformers' generate.
 
 Tiny models built from a config (random weights, seeded) check the mechanics fast: greedy
 identity with every drafter, the target distribution under sampling, EOS, max_new_tokens and
@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 import ngramcache as nc  # noqa: E402
 from ngramcache import data, hf  # noqa: E402
-from ngramcache.catalog import DRAFTERS, make_drafter  # noqa: E402
+from ngramcache.drafters.catalog import DRAFTERS, make_drafter  # noqa: E402
 
 from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList  # noqa: E402
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import PROMPT, reference
 from ngramcache import DraftStats, LookupDrafter
-from ngramcache.llama import LlamaDrafter, load_costs, store_costs
+from ngramcache.integrations.llama import LlamaDrafter, load_costs, store_costs
 
 
 # --- LlamaDrafter: prefix detection ----------------------------------------------------
@@ -82,7 +82,7 @@ def test_adapter_feeds_lookup_drafter_incrementally():
 
 @pytest.mark.parametrize("name", ["copy", "suffix", "simple", "map-k", "map-k4v", "mod", "pld"])
 def test_adapter_feeds_every_drafter_incrementally(name):
-    from ngramcache.catalog import make_drafter
+    from ngramcache.drafters.catalog import make_drafter
 
     opts = {"simple": {"size_n": 2, "size_m": 8}, "map-k": {"size_n": 2, "size_m": 8},
             "map-k4v": {"size_n": 2, "size_m": 8}, "mod": {"n_match": 2, "n_min": 1, "n_max": 8}}.get(name, {})
@@ -134,7 +134,7 @@ def test_costs_are_kept_on_disk(tmp_path):
 
 @pytest.mark.parametrize("damage", ['{"KEY": [{"a": 1}]}', '{"KEY": [0.1, [0.2]]}', "[" * 100_000])
 def test_a_damaged_cost_store_is_ignored_then_replaced(tmp_path, damage):
-    from ngramcache.llama import _cost_key
+    from ngramcache.integrations.llama import _cost_key
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"x")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from conftest import FAST, VECTORS, alphabets, streams
 from ngramcache import AdaptiveGate, PromptLookupDrafter
-from ngramcache.stats import replay_drafter
+from ngramcache.replays import replay_drafter
 from reference_prompt_lookup import prompt_lookup
 
 REAL = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,6 +1,6 @@
 """`ngramcache serve` as users meet it: a real server process on 127.0.0.1, a real model
 (SmolLM2-135M-Instruct), the official ``openai`` client. Answers are checked against
-``ngramcache.llama.generate`` with the same drafter; concurrent clients (some going away
+``ngramcache.integrations.llama.generate`` with the same drafter; concurrent clients (some going away
 mid-stream) against the same requests served alone; SIGTERM and SIGKILL during a save
 against the memory file."""
 
@@ -110,12 +110,12 @@ def _chat(client, messages, **kw):
 
 
 def _reference(llm, messages, drafter: str | None, max_tokens: int) -> str:
-    """The same request through ngramcache.llama.generate: the template, the drafter and
+    """The same request through ngramcache.integrations.llama.generate: the template, the drafter and
     its adaptive gate as the server builds them."""
     from ngramcache import llama as nl
-    from ngramcache.catalog import make_drafter
-    from ngramcache.gate import AdaptiveGate
-    from ngramcache.serving import ChatTemplate
+    from ngramcache.drafters.catalog import make_drafter
+    from ngramcache.decoding.gate import AdaptiveGate
+    from ngramcache.serving.engine import ChatTemplate
 
     template = ChatTemplate.of(llm)
     prompt = template.render(messages)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ngramcache import CacheFormatError, NgramCache
-from ngramcache.serving import Memory, _StopFilter
+from ngramcache.serving.engine import Memory, _StopFilter
 
 FP = bytes(range(32))
 V = 1000

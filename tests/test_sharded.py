@@ -1,4 +1,4 @@
-"""Sorted runs and their streaming merge (ngramcache.sharded): shards of a token stream
+"""Sorted runs and their streaming merge (ngramcache.corpus.sharded): shards of a token stream
 merged into exactly the bytes of the single-process build, caches merged into exactly
 the bytes of NgramCache.merge, in both formats."""
 
@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from ngramcache import NgramCache, StaticTable, sharded
 from conftest import run_cli
 from test_cli import tiny_hf_json  # noqa: F401 (a fixture)
-from ngramcache.commands._caches import cache_to_table
+from ngramcache.cli._caches import cache_to_table
 
 
 def _merge_shards(tmp_path, tokens: np.ndarray, cuts: list[int], fmt: str, n: int = 2) -> bytes:
@@ -196,7 +196,7 @@ def test_without_dask_one_line_names_the_extra(tmp_path, capsys, monkeypatch):
 def test_tokenize_shard_with_a_tokenizer_json(tmp_path, vectors_dir, tiny_hf_json):
     """Shards' tokens, long files split between shards, are the single-process stream's
     slices (a Hugging Face tokenizer encodes pieces in batches: the same pieces)."""
-    from ngramcache.tokenizers import load_tokenizer, tokenize_files
+    from ngramcache.corpus.tokenizers import load_tokenizer, tokenize_files
 
     text = (vectors_dir / "prose.txt").read_bytes()[:60_000]
     files = []

@@ -48,7 +48,7 @@ def single(corpus, tmp_path_factory):
 
 
 def run_cli_plain(*argv) -> int:
-    from ngramcache.cli import main
+    from ngramcache.cli.main import main
     return main([str(a) for a in argv])
 
 
@@ -114,7 +114,7 @@ def _gemma_path() -> str:
 def test_tokenize_shard_is_a_slice_of_tokenize_files(corpus, model):
     """Gemma's BOS comes once per file, also for a file split between shards."""
     import numpy as np
-    from ngramcache.tokenizers import load_tokenizer, tokenize_files
+    from ngramcache.corpus.tokenizers import load_tokenizer, tokenize_files
 
     tok = load_tokenizer(model=smollm2_path() if model == "smollm2" else _gemma_path())
     files, _ = expand_inputs([corpus])

@@ -1,4 +1,4 @@
-"""ngramcache.speculative: llama.cpp's ngram-simple, ngram-map-k/k4v and ngram-mod.
+"""ngramcache.drafters.llama_ngram: llama.cpp's ngram-simple, ngram-map-k/k4v and ngram-mod.
 
 Every draft of llama.cpp's own runs (vectors/drafters, produced by the real
 common/speculative.cpp) is reproduced with the README's driver loop; property tests hold
@@ -24,7 +24,7 @@ import ngramcache as nc
 import reference_speculative as ref
 from conftest import VECTORS, jsonl_bytes
 from ngramcache import _core
-from ngramcache.speculative import (NgramMapDrafter, NgramMapK, NgramMod, NgramModDrafter, NgramModTable,
+from ngramcache.drafters.llama_ngram import (NgramMapDrafter, NgramMapK, NgramMod, NgramModDrafter, NgramModTable,
                                     NgramSimple, NgramSimpleDrafter)
 
 # --- llama.cpp's own drafts ------------------------------------------------------------
@@ -298,7 +298,7 @@ def test_drafter_proposes_what_llama_shape_drafts(prose_stream, kind):
 
 
 def test_drafters_replay_in_cpp(prose_stream):
-    from ngramcache.stats import replay_drafter
+    from ngramcache.replays import replay_drafter
     for d in (NgramSimpleDrafter(3, 8), NgramMapDrafter(3, 8), NgramModDrafter(4, 1, 8)):
         r = replay_drafter(prose_stream[:5000], d, 1000, 8)
         assert r.n_drafted > 0 and 0 < r.n_accept <= r.n_drafted
@@ -443,7 +443,7 @@ def test_threads_replaying_without_the_gil_share_a_table():
 # --- saving and loading an ngram-mod table ------------------------------------------
 
 def _trained_table(size=4096):
-    from ngramcache.speculative import NgramMod, NgramModTable
+    from ngramcache.drafters.llama_ngram import NgramMod, NgramModTable
 
     table = NgramModTable(size)
     rng = np.random.default_rng(3)
@@ -456,7 +456,7 @@ def _trained_table(size=4096):
 
 
 def test_mod_table_save_load_round_trip(tmp_path):
-    from ngramcache.speculative import NgramMod, NgramModTable
+    from ngramcache.drafters.llama_ngram import NgramMod, NgramModTable
 
     table, toks = _trained_table()
     assert table.used > 0
@@ -480,7 +480,7 @@ def test_mod_table_save_load_round_trip(tmp_path):
     (lambda b: b[:-8], "do not hold"),
 ])
 def test_mod_table_load_rejects_damaged_files(tmp_path, damage, message):
-    from ngramcache.speculative import NgramModTable
+    from ngramcache.drafters.llama_ngram import NgramModTable
 
     path = tmp_path / "mod.ngmt"
     _trained_table()[0].save(path)
@@ -493,7 +493,7 @@ def test_mod_table_load_rejects_a_slot_that_is_not_a_token(tmp_path):
     import struct
     import zlib
 
-    from ngramcache.speculative import NgramModTable
+    from ngramcache.drafters.llama_ngram import NgramModTable
 
     path = tmp_path / "mod.ngmt"
     NgramModTable(16).save(path)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import ngramcache as nc
 import reference as ref
 from conftest import DYNAMIC_FILE, ROWS, STATIC_FILE, summary_numbers
-from ngramcache.cli import main as cli_main
+from ngramcache.cli.main import main as cli_main
 
 
 # --- parity ----------------------------------------------------------------------------

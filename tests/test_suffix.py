@@ -15,8 +15,8 @@ import ngramcache as nc
 import reference_suffix as ref
 from conftest import alphabets, streams
 from ngramcache import _core
-from ngramcache.gate import AdaptiveGate
-from ngramcache.suffix import SuffixDrafter, SuffixStore
+from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.drafters.suffix import SuffixDrafter, SuffixStore
 
 params = st.fixed_dictionaries({
     "max_depth": st.integers(1, 8),
@@ -326,7 +326,7 @@ def test_store_save_is_atomic(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("ngramcache.suffix.zlib.crc32", boom)
+    monkeypatch.setattr("ngramcache.drafters.suffix.zlib.crc32", boom)
     with pytest.raises(OSError):
         SuffixStore(max_tokens=10).save(path)
     assert path.read_bytes() == before

@@ -1,4 +1,4 @@
-"""ngramcache.text: llama.cpp's -f text rules (one trailing newline dropped, then escapes),
+"""ngramcache.corpus.text: llama.cpp's -f text rules (one trailing newline dropped, then escapes),
 the check for code points above U+10FFFF with its byte offset, and split_pieces."""
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ import pytest
 
 import ngramcache as nc
 import reference_speculative as ref
-from ngramcache.catalog import DRAFTERS, make_drafter
-from ngramcache.speculative import NgramMod, NgramModTable
-from ngramcache.stats import replay_drafter
+from ngramcache.drafters.catalog import DRAFTERS, make_drafter
+from ngramcache.drafters.llama_ngram import NgramMod, NgramModTable
+from ngramcache.replays import replay_drafter
 
 TESTS = Path(__file__).resolve().parent
 

@@ -1,4 +1,4 @@
-"""ngramcache.tokenizers: loading GGUF and Hugging Face tokenizers, their errors, and
+"""ngramcache.corpus.tokenizers: loading GGUF and Hugging Face tokenizers, their errors, and
 tokenizing text and files exactly as llama.cpp's tools do."""
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def test_llama_cpp_really_aborts_on_that_text():
     """The reason for the check: the BPE tokenizer throws and nothing catches it."""
     if not HAVE_LLAMA:
         pytest.skip("llama-cpp-python not installed")
-    code = ("import sys; from ngramcache.tokenizers import load_tokenizer as L; t = L(sys.argv[1]); "
+    code = ("import sys; from ngramcache.corpus.tokenizers import load_tokenizer as L; t = L(sys.argv[1]); "
             "t.tokenize(b'ok \\xf4\\x8f\\xbf\\xbf'); print('fine', flush=True); t.tokenize(b'a\\xf4\\x90\\x80\\x80')")
     env = dict(os.environ, GGML_NO_BACKTRACE="1")  # no gdb backtrace on the abort
     r = subprocess.run([sys.executable, "-c", code, _smollm2_path()], capture_output=True, text=True, timeout=120,

@@ -6,17 +6,17 @@ with exact drafting, plus adapters that let a real model verify the drafts.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._core import CacheFormatError
-from .cache import NgramCache
-from .draft import draft
-from .drafters import CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter, PromptLookupDrafter
-from .gate import AdaptiveGate
-from .generation import PromptCache
-from .static_table import StaticTable
-from .stats import ReplayStats, replay
-from .suffix import SuffixDrafter, SuffixStore
-from . import speculative
-from .speculative import NgramMapDrafter, NgramModDrafter, NgramSimpleDrafter
+from ngramcache._core import CacheFormatError
+from ngramcache.cache import NgramCache
+from ngramcache.draft import draft
+from ngramcache.drafters.base import CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter, PromptLookupDrafter
+from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.decoding.loop import PromptCache
+from ngramcache.static_table import StaticTable
+from ngramcache.replays import ReplayStats, replay
+from ngramcache.drafters.suffix import SuffixDrafter, SuffixStore
+import ngramcache.drafters.llama_ngram as speculative
+from ngramcache.drafters.llama_ngram import NgramMapDrafter, NgramModDrafter, NgramSimpleDrafter
 
 try:  # one source of truth: pyproject.toml
     __version__ = version("ngramcache")

@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from . import _core
-from ._validate import as_tokens, check_int, check_ngram_sizes, tail_tokens
+from ngramcache import _core
+from ngramcache._validate import as_tokens, check_int, check_ngram_sizes, tail_tokens
 
 CacheFormatError = _core.CacheFormatError
 

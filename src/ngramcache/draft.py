@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _core
-from ._validate import NGRAM_MAX, check_int, check_ngram_sizes, tail_tokens
-from .cache import NgramCache
-from .static_table import StaticTable
+from ngramcache import _core
+from ngramcache._validate import NGRAM_MAX, check_int, check_ngram_sizes, tail_tokens
+from ngramcache.cache import NgramCache
+from ngramcache.static_table import StaticTable
 
 # The output buffer is allocated up front; a cycle in the caches can make a draft as long as
 # n_draft, so an absurd n_draft is a mistake to report, not memory to reserve.

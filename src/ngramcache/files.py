@@ -16,8 +16,8 @@ from typing import Iterable
 
 import numpy as np
 
-from . import _core
-from ._validate import as_tokens
+from ngramcache import _core
+from ngramcache._validate import as_tokens
 
 __all__ = ["NGST_MAGIC", "atomic_open", "cache_format", "open_cache", "load_counts", "expand_inputs",
            "read_tokens_file", "write_tokens_file"]
@@ -50,8 +50,8 @@ def open_cache(path: str | os.PathLike):
     """Open a cache file of either format for drafting: a ``StaticTable`` (memory-mapped,
     O(1)) for an NGST file, an ``NgramCache`` (read whole) for a llama.cpp lookup.bin.
     Raises CacheFormatError naming the file and the problem for a damaged one."""
-    from .cache import NgramCache
-    from .static_table import StaticTable
+    from ngramcache.cache import NgramCache
+    from ngramcache.static_table import StaticTable
 
     if cache_format(path) == "ngst":
         return StaticTable.open(path)
@@ -61,7 +61,7 @@ def open_cache(path: str | os.PathLike):
 def load_counts(path: str | os.PathLike):
     """The counts of a cache file of either format as a new, mutable ``NgramCache``
     (for merging and rewriting)."""
-    from .static_table import StaticTable
+    from ngramcache.static_table import StaticTable
 
     cache = open_cache(path)
     return cache.to_cache() if isinstance(cache, StaticTable) else cache

@@ -13,9 +13,9 @@ import os
 
 import numpy as np
 
-from . import _core
-from ._validate import NGRAM_MAX, as_tokens, check_int
-from .cache import NgramCache, _wrap
+from ngramcache import _core
+from ngramcache._validate import NGRAM_MAX, as_tokens, check_int
+from ngramcache.cache import NgramCache, _wrap
 
 CacheFormatError = _core.CacheFormatError
 

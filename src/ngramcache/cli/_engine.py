@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from ._common import UsageError, check_output_path, check_ranges
-from ._drafters import add_drafter_flags, drafter_options
+from ngramcache.cli._common import UsageError, check_output_path, check_ranges
+from ngramcache.cli._drafters import add_drafter_flags, drafter_options
 
 
 def add_engine_flags(p) -> None:
@@ -21,7 +21,7 @@ def add_engine_flags(p) -> None:
                    help="temperature when a request gives none; 0 = greedy (default: 0)")
     p.add_argument("--chat-template-file", metavar="FNAME",
                    help="a Jinja2 chat template to use instead of the one in the model's GGUF")
-    from ..catalog import DEFAULT_DRAFTER
+    from ngramcache.drafters.catalog import DEFAULT_DRAFTER
 
     add_drafter_flags(p, DEFAULT_DRAFTER, "what drafts when a request does not say")
     g = p.add_argument_group("drafting")
@@ -45,9 +45,9 @@ def add_engine_flags(p) -> None:
 
 def build_engine(args, model_default: str = "smollm2"):
     """The engine the flags describe (loads the model: seconds)."""
-    from .. import llama as nl
-    from ..models import model_path
-    from ..serving import ChatTemplate, Engine, Memory
+    import ngramcache.integrations.llama as nl
+    from ngramcache.models import model_path
+    from ngramcache.serving.engine import ChatTemplate, Engine, Memory
 
     check_ranges(args, [("n_draft", 0, "--spec-draft-n-max must be >= 0"), ("ctx_size", 64, "-c must be >= 64"),
                         ("batch_size", 1, "-b must be >= 1"), ("threads", 1, "-t must be >= 1"),
@@ -73,7 +73,7 @@ def build_engine(args, model_default: str = "smollm2"):
     memory = None
     if not args.no_memory:
         if args.memory and os.path.exists(args.memory):
-            from ..serving import vocab_fingerprint
+            from ngramcache.serving.engine import vocab_fingerprint
 
             memory = Memory.load(args.memory, backend.n_vocab, vocab_fingerprint(backend),
                                  max_tokens=args.memory_tokens)

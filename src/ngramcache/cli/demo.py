@@ -8,9 +8,9 @@ import statistics
 import sys
 import time
 
-from ._common import UsageError, add_output_flags, check_ranges, command_parser, emit
-from ._drafters import add_drafter_flags, drafter_options
-from ._inputs import add_prompt_input, add_threads_flag, read_prompt
+from ngramcache.cli._common import UsageError, add_output_flags, check_ranges, command_parser, emit
+from ngramcache.cli._drafters import add_drafter_flags, drafter_options
+from ngramcache.cli._inputs import add_prompt_input, add_threads_flag, read_prompt
 
 HELP = "show the speedup on a real model, offline (plain vs llama-cpp-python vs ngramcache)"
 DESCRIPTION = ("Plain greedy vs llama-cpp-python's prompt lookup vs ngramcache on one prompt: tokens/s, "
@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
     add_threads_flag(p)
     p.add_argument("--show", type=int, default=12, metavar="LINES",
                    help="print this many lines of the generated text (default: 12; 0: none)")
-    from ..catalog import DEFAULT_DRAFTER
+    from ngramcache.drafters.catalog import DEFAULT_DRAFTER
 
     add_drafter_flags(p, DEFAULT_DRAFTER, "what drafts for ngramcache")
     add_output_flags(p, "the figures")
@@ -59,9 +59,9 @@ METHODS = ("plain", "llama-cpp", "ngramcache")
 
 
 def run(args) -> int:
-    from .. import data
-    from .. import llama as nl
-    from ..models import model_path
+    import ngramcache.data as data
+    import ngramcache.integrations.llama as nl
+    from ngramcache.models import model_path
 
     check_ranges(args, [("n_predict", 1, "-n must be >= 1"), ("repeats", 1, "--repeats must be >= 1"),
                         ("n_draft", 1, "--spec-draft-n-max must be >= 1"), ("threads", 1, "-t must be >= 1")])

@@ -16,12 +16,12 @@ from typing import Callable
 
 import numpy as np
 
-from . import _core
-from ._validate import as_tokens, check_int
-from .cache import CacheFormatError, NgramCache
-from .files import atomic_open, open_cache
-from .progress import peak_rss_bytes
-from .static_table import StaticTable
+from ngramcache import _core
+from ngramcache._validate import as_tokens, check_int
+from ngramcache.cache import CacheFormatError, NgramCache
+from ngramcache.files import atomic_open, open_cache
+from ngramcache.progress import peak_rss_bytes
+from ngramcache.static_table import StaticTable
 
 __all__ = ["ReplayStats", "replay", "replay_drafter", "SOURCES"]
 
@@ -132,7 +132,7 @@ class ReplayStats:
 
     def table(self) -> str:
         """The extra figures as a readable text table."""
-        from .progress import fmt_bytes
+        from ngramcache.progress import fmt_bytes
 
         def pct(num, den):
             r = _ratio(num, den)
@@ -379,7 +379,7 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
     in one ``accept`` as a speculative loop does. What the drafter keeps across requests
     (a ``SuffixStore``, an ``NgramModTable``) carries from chunk to chunk.
 
-    ``drafter``: a drafter with a compiled core (every drafter of ``ngramcache.catalog``
+    ``drafter``: a drafter with a compiled core (every drafter of ``ngramcache.drafters.catalog``
     except ``lookup``, which ``replay`` measures exactly as llama-lookup-stats). Its gate,
     if any, is not consulted: the replay measures the proposals themselves. Its state is
     replaced by the replay's last chunk. The per-source, per-n-gram and overlap figures
@@ -405,7 +405,7 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
 
 
 def _replay_core(drafter):
-    from .drafters import CoreSequenceDrafter
+    from ngramcache.drafters.base import CoreSequenceDrafter
 
     core = getattr(drafter, "_core", None) if isinstance(drafter, CoreSequenceDrafter) else None
     if core is None:
@@ -417,7 +417,7 @@ def _replay_core(drafter):
 
 
 def _drafter_name(drafter) -> str:
-    from .catalog import DRAFTERS, drafter_class
+    from ngramcache.drafters.catalog import DRAFTERS, drafter_class
 
     for name in DRAFTERS:
         if type(drafter) is drafter_class(name):

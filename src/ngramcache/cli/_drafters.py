@@ -3,7 +3,7 @@ drafter's own options, under llama.cpp's option names where llama.cpp has the dr
 
 from __future__ import annotations
 
-from ._common import UsageError
+from ngramcache.cli._common import UsageError
 
 # (flag, dest, type, drafter names it applies to, option keyword, help)
 _OPTIONS = [
@@ -45,7 +45,7 @@ _OPTIONS = [
 
 def add_drafter_flags(p, default: str, what: str) -> None:
     """``--drafter`` (default ``default``) and each drafter's options, in one group."""
-    from ..catalog import DRAFTERS
+    from ngramcache.drafters.catalog import DRAFTERS
 
     g = p.add_argument_group("drafter")
     names = ", ".join(DRAFTERS)
@@ -72,7 +72,7 @@ def drafter_options(args) -> dict:
 
 def build_drafter(args, n_draft: int, gate=None, **extra):
     """The chosen drafter; a bad option value is a usage error with the drafter's message."""
-    from ..catalog import make_drafter
+    from ngramcache.drafters.catalog import make_drafter
 
     try:
         return make_drafter(args.drafter, n_draft=n_draft, gate=gate, **drafter_options(args), **extra)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from ._caches import cache_figures, table_figures
-from ._common import Timer, add_output_flags, command_parser, emit
-from ..progress import fmt_bytes, fmt_seconds, peak_rss_bytes
+from ngramcache.cli._caches import cache_figures, table_figures
+from ngramcache.cli._common import Timer, add_output_flags, command_parser, emit
+from ngramcache.progress import fmt_bytes, fmt_seconds, peak_rss_bytes
 
 DESCRIPTION = """\
 Describe a cache file. For an ngramcache static table (.ngst): its header (read alone,
@@ -54,8 +54,8 @@ def _header_rows(header: dict, prefix: str = "header") -> list[tuple[str, str]]:
 
 
 def run(args) -> int:
-    from ..files import cache_format, open_cache
-    from ..static_table import StaticTable
+    from ngramcache.files import cache_format, open_cache
+    from ngramcache.static_table import StaticTable
 
     fmt = cache_format(args.file)
     timer = Timer()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from ._common import RunError, UsageError, emit
+from ngramcache.cli._common import RunError, UsageError, emit
 
 FORMATS = ("ngst", "llama")
 NGST_EXT = ".ngst"
@@ -31,7 +31,7 @@ def output_format(path: str, fmt: str | None) -> str:
 
 def write_cache(cache, path: str, fmt: str) -> None:
     """Write an NgramCache or a StaticTable in either format."""
-    from ..static_table import StaticTable
+    from ngramcache.static_table import StaticTable
 
     if fmt == "llama":
         if isinstance(cache, StaticTable):
@@ -45,7 +45,7 @@ def write_cache(cache, path: str, fmt: str) -> None:
 
 def cache_to_table(cache):
     """A StaticTable with the counts of an NgramCache (whose keys must share one size)."""
-    from ..static_table import StaticTable
+    from ngramcache.static_table import StaticTable
 
     keys = cache.arrays()[0]
     sizes = sorted({int(n) for n in (keys >= 0).sum(axis=1)}) if keys.shape[0] else [2]
@@ -77,7 +77,7 @@ def table_figures(table) -> dict:
 
 def counts(cache) -> dict:
     """keys, entries and total count of an NgramCache or a StaticTable (the summary's)."""
-    from ..static_table import StaticTable
+    from ngramcache.static_table import StaticTable
 
     f = table_figures(cache) if isinstance(cache, StaticTable) else cache_figures(cache)
     return {k: f[k] for k in ("keys", "entries", "total_count")}
@@ -85,7 +85,7 @@ def counts(cache) -> dict:
 
 def finish(args, summary: dict, timer=None, children: bool = False) -> int:
     """Print a cache command's summary (a table, or JSON with --json); exit status 0."""
-    from ..progress import fmt_bytes, fmt_seconds, peak_rss_bytes
+    from ngramcache.progress import fmt_bytes, fmt_seconds, peak_rss_bytes
 
     if timer is not None:
         summary["seconds"] = round(timer.total, 4)

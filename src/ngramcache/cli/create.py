@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from ._caches import add_format_flag, counts, finish, output_format, write_cache
-from ._common import Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser, note
-from ._inputs import add_text_input, check_text_input, read_text_input, text_files
+from ngramcache.cli._caches import add_format_flag, counts, finish, output_format, write_cache
+from ngramcache.cli._common import Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser, note
+from ngramcache.cli._inputs import add_text_input, check_text_input, read_text_input, text_files
 
 NGRAM_SIZE = 2  # llama.cpp's static cache: LLAMA_NGRAM_STATIC
 COUNT_CHUNK = 1 << 20  # tokens per update call, so counting can show progress
@@ -64,8 +64,8 @@ def add_parser(sub) -> None:
 
 
 def _count_llama(tokens, quiet: bool):
-    from ..cache import NgramCache
-    from ..progress import Progress
+    from ngramcache.cache import NgramCache
+    from ngramcache.progress import Progress
     cache = NgramCache()
     n = tokens.size
     with Progress(total=n, desc="counting", unit="tok", quiet=quiet) as bar:
@@ -79,8 +79,8 @@ def _count_llama(tokens, quiet: bool):
 
 
 def _count_ngst(tokens, quiet: bool):
-    from ..progress import Progress
-    from ..static_table import StaticTable
+    from ngramcache.progress import Progress
+    from ngramcache.static_table import StaticTable
     with Progress(total=None, desc="counting", unit="tok", quiet=quiet) as bar:
         table = StaticTable.build(tokens, ngram_size=NGRAM_SIZE)
         bar.update(tokens.size)
@@ -105,15 +105,15 @@ def _sharded(args) -> bool:
     if args.jobs is not None:
         raise UsageError("-j/--jobs sets tokenizer processes of a single-process create; with --workers "
                          "or --scheduler every Dask worker tokenizes its own shards")
-    from ..sharded import _distributed
+    from ngramcache.corpus.sharded import _distributed
     _distributed()  # before any work: Dask missing is one line naming the extra
     return True
 
 
 def _run_sharded(args, fmt: str) -> int:
-    from ..progress import Progress
-    from ..sharded import close_client, connect, create_sharded, local_client
-    from ..tokenizers import load_tokenizer
+    from ngramcache.progress import Progress
+    from ngramcache.corpus.sharded import close_client, connect, create_sharded, local_client
+    from ngramcache.corpus.tokenizers import load_tokenizer
 
     timer = Timer()
     files, skipped = text_files(args)
@@ -144,7 +144,7 @@ def _run_sharded(args, fmt: str) -> int:
 
 
 def run(args) -> int:
-    from ..files import write_tokens_file
+    from ngramcache.files import write_tokens_file
 
     check_text_input(args)
     if _sharded(args):

@@ -1,6 +1,6 @@
 """`python -m ngramcache <command>`: mirrors llama.cpp's lookup tools.
 
-Each command is a module of ``ngramcache.commands`` with ``add_parser(subparsers)``; its
+Each command is a module of ``ngramcache.cli`` with ``add_parser(subparsers)``; its
 ``run(args)`` returns the exit status or raises, and :func:`main` turns every exception
 into the exit status and one line on stderr, the same way for all commands.
 """
@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from .commands._common import RunError, UsageError
+from ngramcache.cli._common import RunError, UsageError
 
 COMMANDS = ("create", "merge", "convert", "info", "stats", "generate", "demo", "serve", "chat")
 
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"ngramcache.commands.{name}").add_parser(sub)
+        importlib.import_module(f"ngramcache.cli.{name}").add_parser(sub)
     return parser
 
 
@@ -69,7 +69,7 @@ def _describe_oserror(e: OSError) -> str:
 
 
 def _damaged(e: Exception) -> str:
-    from . import CacheFormatError
+    from ngramcache import CacheFormatError
 
     # A message that already says which cache failed to open (stats' llama.cpp wording) needs no more.
     if isinstance(e, CacheFormatError) and not str(e).startswith("failed to open"):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from ._common import (RunError, Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser,
+from ngramcache.cli._common import (RunError, Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser,
                       emit, note)
-from ._drafters import add_drafter_flags, build_drafter, drafter_options
-from ._inputs import add_text_input, check_text_input, read_text_input
+from ngramcache.cli._drafters import add_drafter_flags, build_drafter, drafter_options
+from ngramcache.cli._inputs import add_text_input, check_text_input, read_text_input
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_DRAFT = 3  # llama.cpp's --spec-draft-n-max default since 2026-05-19
@@ -63,8 +63,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..progress import Progress, fmt_seconds
-    from ..stats import MAX_REPLAY_DRAFT, replay, replay_drafter
+    from ngramcache.progress import Progress, fmt_seconds
+    from ngramcache.replays import MAX_REPLAY_DRAFT, replay, replay_drafter
 
     check_ranges(args, [("ctx_size", 2, "-c/--ctx-size must be >= 2 (it is the chunk size in tokens)"),
                         ("n_draft", 0, f"--spec-draft-n-max must be 0 to {MAX_REPLAY_DRAFT}", MAX_REPLAY_DRAFT)])

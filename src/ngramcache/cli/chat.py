@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ._common import UsageError, command_parser
-from ._engine import add_engine_flags, build_engine
+from ngramcache.cli._common import UsageError, command_parser
+from ngramcache.cli._engine import add_engine_flags, build_engine
 
 HELP = "chat with a model in the terminal, with speculative decoding"
 DESCRIPTION = ("A multi-turn chat: each turn reuses the KV cache of the conversation so far (only the new "
@@ -50,7 +50,7 @@ def _turns(stream):
 
 
 def run(args) -> int:
-    from ..serving import Job
+    from ngramcache.serving.engine import Job
 
     if args.max_tokens < 1:
         raise UsageError(f"-n must be >= 1, got {args.max_tokens}")

@@ -3,7 +3,7 @@
 Verifying k drafted tokens costs more than verifying one token, and a draft pays only
 when enough of it is right. :class:`AdaptiveGate` weighs the two: it knows what
 verifying a batch of k tokens costs on this model (``costs``, e.g. from
-``ngramcache.llama.verify_costs``) and learns how often drafts have been right so far.
+``ngramcache.integrations.llama.verify_costs``) and learns how often drafts have been right so far.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ._validate import check_int
+from ngramcache._validate import check_int
 
 __all__ = ["AdaptiveGate", "check_costs", "expected_rate"]
 

@@ -12,7 +12,7 @@
 * :class:`ChatTemplate` renders messages with the model's own chat template from its
   GGUF metadata, through llama-cpp-python's Jinja2 formatter.
 
-No web framework here: ``ngramcache.server`` puts an HTTP API on top.
+No web framework here: ``ngramcache.serving.app`` puts an HTTP API on top.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from typing import Callable
 
 import numpy as np
 
-from ._validate import as_tokens, check_int
-from .cache import NgramCache
-from ._core import CacheFormatError
-from .files import atomic_open
-from .generation import PromptCache
-from .speculative import MOD_TABLE_SIZE, NgramModDrafter, NgramModTable
-from .suffix import SuffixStore
+from ngramcache._validate import as_tokens, check_int
+from ngramcache.cache import NgramCache
+from ngramcache._core import CacheFormatError
+from ngramcache.files import atomic_open
+from ngramcache.decoding.loop import PromptCache
+from ngramcache.drafters.llama_ngram import MOD_TABLE_SIZE, NgramModDrafter, NgramModTable
+from ngramcache.drafters.suffix import SuffixStore
 
 __all__ = ["Memory", "Engine", "Job", "JobResult", "ChatTemplate", "EngineError", "vocab_fingerprint"]
 
@@ -370,10 +370,10 @@ class _StopFilter:
 class Engine:
     """One model serving jobs in order (see the module's docstring).
 
-    ``drafter``: the default drafter's name (``ngramcache.catalog``); ``n_draft``: its
+    ``drafter``: the default drafter's name (``ngramcache.drafters.catalog``); ``n_draft``: its
     longest draft; ``drafter_options``: its options; ``adaptive``: draft lengths that
     follow this model's verification costs (measured once, see
-    ``ngramcache.llama.verify_costs``); ``memory``: a :class:`Memory` the drafters share
+    ``ngramcache.integrations.llama.verify_costs``); ``memory``: a :class:`Memory` the drafters share
     across requests (None: each request drafts from itself alone);
     ``memory_path`` / ``save_every``: where and how often (seconds) the memory is saved
     between jobs (and at ``close``)."""
@@ -382,8 +382,8 @@ class Engine:
                  drafter_options: dict | None = None, adaptive: bool = True, memory: Memory | None = None,
                  memory_path: str | os.PathLike | None = None, save_every: float | None = None,
                  chat_template: ChatTemplate | None = None):
-        from . import llama as nl
-        from .catalog import DRAFTERS
+        import ngramcache.integrations.llama as nl
+        from ngramcache.drafters.catalog import DRAFTERS
 
         if drafter is not None and drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
@@ -509,7 +509,7 @@ class Engine:
         self._speculative(job)  # its errors, now rather than on the worker
 
     def _speculative(self, job: Job) -> tuple[str | None, int]:
-        from .catalog import DRAFTERS
+        from ngramcache.drafters.catalog import DRAFTERS
 
         spec = job.speculative or {}
         unknown = set(spec) - {"enabled", "drafter", "n_draft"}
@@ -530,8 +530,8 @@ class Engine:
         return name, n_draft
 
     def _make_drafter(self, name: str, n_draft: int):
-        from .catalog import make_drafter
-        from .gate import AdaptiveGate
+        from ngramcache.drafters.catalog import make_drafter
+        from ngramcache.decoding.gate import AdaptiveGate
 
         gate = None
         if self.costs is not None:
@@ -579,7 +579,7 @@ class Engine:
             job.on_done()
 
     def _run(self, job: Job) -> None:
-        from .generation import generate
+        from ngramcache.decoding.loop import generate
 
         t_queue = time.perf_counter() - job.submitted
         if job.cancelled.is_set():

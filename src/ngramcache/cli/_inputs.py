@@ -3,7 +3,7 @@ declared once so that the same flag means the same thing in every command."""
 
 from __future__ import annotations
 
-from ._common import RunError, UsageError, check_ranges, note
+from ngramcache.cli._common import RunError, UsageError, check_ranges, note
 
 NO_ESCAPE_HELP = "do not process escape sequences (\\n, \\t, \\xHH ...) in the text (llama.cpp's --no-escape)"
 
@@ -49,7 +49,7 @@ def check_text_input(args) -> None:
 def text_files(args) -> tuple[list, list]:
     """(files, skipped): the files -f names (directories expanded), binary ones skipped
     with a note; a RunError when none is left."""
-    from ..files import expand_inputs
+    from ngramcache.files import expand_inputs
 
     files, skipped = expand_inputs(args.files)
     if not files:
@@ -64,9 +64,9 @@ def read_text_input(args, timer) -> tuple:
     """The input's tokens, and what the summary says about where they came from
     (``inputs``, then for text ``input_bytes``, ``skipped_binary_files``, ``tokenizer``).
     Stages: ``read`` for token files; ``load tokenizer`` and ``tokenize`` for text."""
-    from ..files import read_tokens_file
-    from ..progress import Progress
-    from ..tokenizers import load_tokenizer, tokenize_files
+    from ngramcache.files import read_tokens_file
+    from ngramcache.progress import Progress
+    from ngramcache.corpus.tokenizers import load_tokenizer, tokenize_files
 
     if args.tokens:
         with timer.stage("read"):
@@ -107,7 +107,7 @@ def add_threads_flag(p) -> None:
 
 def read_prompt(args) -> bytes | None:
     """The prompt's bytes as llama.cpp's tools see them (None: neither -p nor -f given)."""
-    from ..text import prompt_text, read_text_file
+    from ngramcache.corpus.text import prompt_text, read_text_file
 
     if args.file is not None:
         prompt = read_text_file(args.file, escape=not args.no_escape)

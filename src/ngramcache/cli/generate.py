@@ -7,9 +7,9 @@ import os
 import sys
 import time
 
-from ._common import UsageError, add_output_flags, check_output_path, check_ranges, command_parser, emit
-from ._drafters import add_drafter_flags, build_drafter, drafter_options
-from ._inputs import add_prompt_input, add_threads_flag, read_prompt
+from ngramcache.cli._common import UsageError, add_output_flags, check_output_path, check_ranges, command_parser, emit
+from ngramcache.cli._drafters import add_drafter_flags, build_drafter, drafter_options
+from ngramcache.cli._inputs import add_prompt_input, add_threads_flag, read_prompt
 
 HELP = "generate text with a real model and lookup drafting (llama-lookup)"
 DESCRIPTION = ("Speculative decoding with n-gram lookup drafts, verified by a GGUF model through llama-"
@@ -58,18 +58,18 @@ def add_parser(sub) -> None:
     p.add_argument("--no-copy", action="store_true",
                    help="the same as --drafter lookup: llama.cpp's lookup drafts only (no copies of earlier spans)")
     p.add_argument("--no-prompt", action="store_true", help="do not echo the prompt")
-    from ..catalog import DEFAULT_DRAFTER
+    from ngramcache.drafters.catalog import DEFAULT_DRAFTER
 
     add_drafter_flags(p, DEFAULT_DRAFTER, "what drafts")
     add_output_flags(p, "the text and figures")
 
 
 def run(args) -> int:
-    from .. import llama as nl
-    from ..cache import NgramCache
-    from ..files import open_cache
-    from ..gate import AdaptiveGate
-    from ..models import model_path
+    import ngramcache.integrations.llama as nl
+    from ngramcache.cache import NgramCache
+    from ngramcache.files import open_cache
+    from ngramcache.decoding.gate import AdaptiveGate
+    from ngramcache.models import model_path
 
     check_ranges(args, [("n_draft", 0, "--spec-draft-n-max must be >= 0"), ("n_predict", -1, "-n must be >= -1"),
                         ("ctx_size", 8, "-c must be >= 8"), ("batch_size", 1, "-b must be >= 1"),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ._caches import add_format_flag, finish, output_format
-from ._common import Timer, UsageError, add_output_flags, check_output_path, command_parser
+from ngramcache.cli._caches import add_format_flag, finish, output_format
+from ngramcache.cli._common import Timer, UsageError, add_output_flags, check_output_path, command_parser
 
 DESCRIPTION = """\
 Merge n-gram caches into one, as llama-lookup-merge does: the counts of equal
@@ -33,9 +33,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..files import cache_format
-    from ..progress import Progress
-    from ..sharded import merge_cache_files
+    from ngramcache.files import cache_format
+    from ngramcache.progress import Progress
+    from ngramcache.corpus.sharded import merge_cache_files
 
     if len(args.paths) < 2:
         raise UsageError("need at least one input and the output: merge IN... OUT")

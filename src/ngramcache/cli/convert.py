@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ._caches import add_format_flag, counts, finish, output_format, write_cache
-from ._common import Timer, UsageError, add_output_flags, check_output_path, command_parser
+from ngramcache.cli._caches import add_format_flag, counts, finish, output_format, write_cache
+from ngramcache.cli._common import Timer, UsageError, add_output_flags, check_output_path, command_parser
 
 DESCRIPTION = """\
 Convert a cache between the two formats: an ngramcache static table (.ngst) and llama.cpp's
@@ -33,8 +33,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..files import cache_format, open_cache
-    from ..static_table import StaticTable
+    from ngramcache.files import cache_format, open_cache
+    from ngramcache.static_table import StaticTable
 
     fmt = output_format(args.output, args.format)
     check_output_path(args.output, [args.input])

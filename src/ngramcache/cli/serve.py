@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from ._common import UsageError, command_parser
-from ._engine import add_engine_flags, build_engine
+from ngramcache.cli._common import UsageError, command_parser
+from ngramcache.cli._engine import add_engine_flags, build_engine
 
 HELP = "an OpenAI-compatible server with speculative decoding (needs ngramcache[serve])"
 DESCRIPTION = ("Serves /v1/completions, /v1/chat/completions (streaming too), /v1/models, /health, "
@@ -41,7 +41,7 @@ def run(args) -> int:
     try:
         import uvicorn
 
-        from ..server import create_app
+        from ngramcache.serving.app import create_app
     except ImportError:
         raise ImportError("serve needs its extra: pip install 'ngramcache[serve]'") from None
     engine = build_engine(args)

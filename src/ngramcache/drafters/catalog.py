@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import inspect
 
-from .drafters import CopyDrafter, LookupDrafter, PromptLookupDrafter
-from .speculative import NgramMapDrafter, NgramModDrafter, NgramSimpleDrafter
-from .suffix import SuffixDrafter
+from ngramcache.drafters.base import CopyDrafter, LookupDrafter, PromptLookupDrafter
+from ngramcache.drafters.llama_ngram import NgramMapDrafter, NgramModDrafter, NgramSimpleDrafter
+from ngramcache.drafters.suffix import SuffixDrafter
 
 __all__ = ["DRAFTERS", "DEFAULT_DRAFTER", "make_drafter", "drafter_class"]
 

@@ -16,11 +16,11 @@ import zlib
 
 import numpy as np
 
-from . import _core
-from ._core import CacheFormatError
-from ._validate import as_tokens, check_int
-from .drafters import CoreSequenceDrafter
-from .gate import AdaptiveGate
+from ngramcache import _core
+from ngramcache._core import CacheFormatError
+from ngramcache._validate import as_tokens, check_int
+from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.decoding.gate import AdaptiveGate
 
 __all__ = ["SuffixDrafter", "SuffixStore", "SUFFIX_MAX_DEPTH"]
 
@@ -98,7 +98,7 @@ class SuffixStore:
         """Write the store's requests and bounds to ``path`` (atomic: a temporary file
         renamed over ``path``, so an interrupted save leaves the previous file whole).
         ``SuffixStore.load`` rebuilds the same store from it."""
-        from .files import atomic_open
+        from ngramcache.files import atomic_open
 
         reqs = self.requests()
         lengths = np.array([r.size for r in reqs], dtype="<u8")

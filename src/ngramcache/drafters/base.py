@@ -8,7 +8,7 @@ never sees rejected tokens, so it never has to forget anything.
 caches); ``CopyDrafter`` also copies earlier spans of the sequence;
 ``PromptLookupDrafter`` is plain prompt lookup as Hugging Face, llama-cpp-python and vLLM
 do it; ``OracleDrafter`` proposes a known continuation (a ceiling for benchmarks). With an
-``ngramcache.gate.AdaptiveGate`` a drafter proposes only as much as is expected to pay
+``ngramcache.decoding.gate.AdaptiveGate`` a drafter proposes only as much as is expected to pay
 for its verification.
 """
 
@@ -21,12 +21,12 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from . import _core
-from ._validate import as_tokens, check_int, check_ngram_sizes
-from .cache import NgramCache
-from .draft import draft_checked
-from .gate import AdaptiveGate
-from .static_table import StaticTable
+from ngramcache import _core
+from ngramcache._validate import as_tokens, check_int, check_ngram_sizes
+from ngramcache.cache import NgramCache
+from ngramcache.draft import draft_checked
+from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.static_table import StaticTable
 
 __all__ = ["Drafter", "DraftStats", "SequenceDrafter", "CoreSequenceDrafter", "LookupDrafter", "CopyDrafter",
            "PromptLookupDrafter", "OracleDrafter"]
@@ -239,7 +239,7 @@ class CoreSequenceDrafter(SequenceDrafter):
     ``_core`` object of the sequence protocol (``reset``, ``accept``, ``propose``,
     ``confidence``) that sees the same verified tokens. A subclass sets ``self._core``
     in its constructor and the gate source ``_SOURCE`` (see ``AdaptiveGate.state``).
-    ``ngramcache.stats.replay_drafter`` replays such a drafter entirely in C++."""
+    ``ngramcache.replays.replay_drafter`` replays such a drafter entirely in C++."""
 
     _SOURCE = 1
     _core = None
@@ -346,7 +346,7 @@ class CopyDrafter(CoreSequenceDrafter):
     The lookup fallback reads the context cache (``context``, an ``NgramCache`` kept
     current with the sequence), then ``dynamic``, then ``static``, exactly as
     ``LookupDrafter``. Index, matching and fallback run in the compiled core, so
-    ``ngramcache.stats.replay_drafter`` replays this drafter entirely in C++.
+    ``ngramcache.replays.replay_drafter`` replays this drafter entirely in C++.
 
     With a gate, copies and lookups are judged separately, copies by match length.
     """

@@ -1,0 +1,322 @@
+"""llama.cpp's newer draft-free drafters (``--spec-type ngram-simple``, ``ngram-map-k``,
+``ngram-map-k4v``, ``ngram-mod``), with exactly llama.cpp's drafts.
+
+Two faces per drafter:
+
+* llama.cpp's calling shape, for code ported from llama.cpp or driving a server loop:
+  ``NgramSimple``, ``NgramMapK``, ``NgramMod`` with ``begin(prompt)``,
+  ``draft(prompt, id_last) -> int32 array`` and ``accept(n_accepted)``, where ``prompt``
+  is the context *without* ``id_last``, the token just sampled, and ``n_accepted``
+  counts the accepted draft tokens (not the sampled one);
+* the ``Drafter`` protocol of ``ngramcache.drafters.base`` (``reset``/``propose``/``accept``
+  with the verified tokens): ``NgramSimpleDrafter``, ``NgramMapDrafter`` and
+  ``NgramModDrafter``, which also replay in C++ (``ngramcache.replays.replay_drafter``).
+
+ngram-mod's ``NgramModTable`` (16 MiB by default, as llama.cpp) can be shared by any
+number of drafters and threads; see docs/speculative.md for its guarantees.
+
+Each drafter keeps a copy of the prompt and indexes only what was appended, so a call
+costs the same at any context length. ``draft(prompt, ...)`` with the *same* list (or
+other sequence object) as the previous call, grown by appending, converts and checks
+only the new tokens and the last few it had seen; a different object is converted
+whole and compared with the copy. So do not edit a prompt list in place other than by
+appending; pass a new object (or call ``begin``) when the history is rewritten.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+
+import numpy as np
+
+from ngramcache import _core
+from ngramcache._core import CacheFormatError
+from ngramcache._validate import INT32_MAX, as_tokens, check_int
+from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.decoding.gate import AdaptiveGate
+
+__all__ = [
+    "NgramSimple", "NgramMapK", "NgramMod", "NgramModTable",
+    "NgramSimpleDrafter", "NgramMapDrafter", "NgramModDrafter",
+]
+
+SIZE_MAX = 1024              # llama.cpp's option range for the n-gram sizes
+MOD_TABLE_SIZE = 4194304     # common_ngram_mod's entries (16 MiB)
+# A prompt object seen before is trusted to have only grown; the last _GUARD tokens of
+# what was seen are compared again, which catches a list cut and regrown.
+_GUARD = 8
+
+
+def _check_size(name: str, value, lo: int = 1) -> int:
+    return check_int(name, value, lo, SIZE_MAX)
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+class NgramModTable:
+    """ngram-mod's table: ``size`` int32 slots (default 4,194,304 = 16 MiB), slot = a
+    polynomial hash of the n-gram, holding the token that followed it last (-1: none).
+    Share one among drafters (``NgramMod(table=...)``, ``NgramModDrafter(table=...)``)
+    and threads: slots are atomic, so concurrent use is free of data races."""
+
+    def __init__(self, size: int = MOD_TABLE_SIZE):
+        size = check_int("size", size, 1, 2**32)
+        self._core = _core.NgramModTable(size)
+
+    @property
+    def size(self) -> int:
+        """Number of slots."""
+        return self._core.size
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the slots (4 bytes each), fixed at construction."""
+        return self._core.nbytes
+
+    @property
+    def used(self) -> int:
+        """Slots written since the last reset."""
+        return self._core.used
+
+    @property
+    def resets(self) -> int:
+        """How often the table was cleared (by ``reset`` or a drafter's reset rules)."""
+        return self._core.resets
+
+    def get(self, ngram) -> int:
+        """The token stored for ``ngram``'s slot, -1 when empty (no key is stored: a
+        colliding n-gram answers too, as in llama.cpp)."""
+        return self._core.get(as_tokens(ngram, "ngram"))
+
+    def reset(self) -> None:
+        """Empty every slot (for every drafter sharing the table)."""
+        self._core.reset()
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write every slot to ``path`` (``NGMT`` magic, version, size, the int32 slots, a
+        CRC-32; little-endian), atomically: an interrupted save leaves the previous file
+        whole. Drafters may keep writing meanwhile; each slot is read once, atomically."""
+        from ngramcache.files import atomic_open
+
+        body = _MOD_HEADER.pack(_MOD_MAGIC, _MOD_VERSION, self.size) + self._core.entries().astype("<i4").tobytes()
+        with atomic_open(path, "wb") as f:
+            f.write(body)
+            f.write(struct.pack("<I", zlib.crc32(body)))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "NgramModTable":
+        """The table saved at ``path``. A damaged, truncated or foreign file raises
+        ``CacheFormatError`` naming the problem; a missing one ``FileNotFoundError``."""
+        name = os.fspath(path)
+        with open(name, "rb") as f:
+            data = f.read()
+        if len(data) < _MOD_HEADER.size + 4:
+            raise CacheFormatError(f"{name}: not an ngram-mod table (truncated: {len(data)} bytes)")
+        magic, version, size = _MOD_HEADER.unpack_from(data)
+        if magic != _MOD_MAGIC:
+            raise CacheFormatError(f"{name}: not an ngram-mod table (magic {magic!r}, expected {_MOD_MAGIC!r})")
+        if version != _MOD_VERSION:
+            raise CacheFormatError(f"{name}: ngram-mod table version {version} is not supported (this is "
+                                   f"{_MOD_VERSION})")
+        if len(data) != _MOD_HEADER.size + 4 * size + 4:
+            raise CacheFormatError(f"{name}: {len(data)} bytes do not hold a table of {size} slots (truncated?)")
+        (crc,) = struct.unpack_from("<I", data, len(data) - 4)
+        if zlib.crc32(data[:-4]) != crc:
+            raise CacheFormatError(f"{name}: damaged ngram-mod table (checksum mismatch)")
+        if not 1 <= size <= 2**32:
+            raise CacheFormatError(f"{name}: bad table size {size}")
+        table = cls(size)
+        try:
+            table._core.set_entries(np.frombuffer(data, dtype="<i4", count=size, offset=_MOD_HEADER.size)
+                                    .astype(np.int32))
+        except ValueError as e:
+            raise CacheFormatError(f"{name}: {e}") from None
+        return table
+
+    def __repr__(self) -> str:
+        return f"<NgramModTable {self.size} slots, {self.used} used>"
+
+
+_MOD_MAGIC = b"NGMT"
+_MOD_VERSION = 1
+_MOD_HEADER = struct.Struct("<4sIQ")  # magic, version, number of slots
+
+
+def _small_tokens(toks) -> np.ndarray:
+    """as_tokens for the few tokens a growing prompt gains per call: a list of plain ints
+    skips numpy's reductions, whose fixed cost would dominate."""
+    if type(toks) is list and toks and all(type(t) is int for t in toks) and min(toks) >= 0 \
+            and max(toks) <= INT32_MAX:
+        return np.array(toks, dtype=np.int32)
+    return as_tokens(toks, "prompt")
+
+
+class _LlamaShaped:
+    """What the llama.cpp-shaped drafters share: the prompt handed to the core's copy
+    with as little conversion as the caller allows."""
+
+    _core = None
+
+    def __init__(self):
+        self._obj = None  # the prompt object of the last call, trusted to only grow
+        self._n = 0
+
+    def _sync(self, prompt) -> None:
+        core = self._core
+        if prompt is self._obj:
+            try:
+                n = len(prompt)
+            except TypeError:
+                n = -1
+            if n >= self._n:
+                start = max(0, self._n - _GUARD)
+                try:
+                    tail = _small_tokens(prompt[start:])
+                except TypeError:  # not sliceable: converted whole below
+                    tail = None
+                if tail is not None and core.extend(tail, start):
+                    self._n = n
+                    return
+        arr = as_tokens(prompt, "prompt")
+        core.sync(arr)
+        self._obj = prompt
+        self._n = int(arr.size)
+
+    def begin(self, prompt) -> None:
+        """A new request starts with ``prompt`` (its tokens processed, nothing sampled)."""
+        self._sync(prompt)
+        self._core.begin()
+
+    def draft(self, prompt, id_last) -> np.ndarray:
+        """The draft (int32, possibly empty) to follow ``prompt`` + ``[id_last]``."""
+        id_last = check_int("id_last", id_last, 0, INT32_MAX)
+        self._sync(prompt)
+        return self._core.draft(id_last)
+
+    def accept(self, n_accepted) -> None:
+        """How many tokens of the last draft the target model accepted (0 included)."""
+        self._core.accept(check_int("n_accepted", n_accepted, 0, INT32_MAX))
+
+    @property
+    def n_tokens(self) -> int:
+        """Length of the prompt the drafter holds."""
+        return self._core.n_tokens
+
+
+class NgramSimple(_LlamaShaped):
+    """ngram-simple: when the last ``size_n`` tokens (ending in ``id_last``) occurred
+    before, drafts what followed their most recent occurrence, up to ``size_m`` tokens
+    (nothing if fewer than ``size_n`` are available). No state across requests."""
+
+    def __init__(self, size_n: int = 12, size_m: int = 48):
+        super().__init__()
+        self.size_n = _check_size("size_n", size_n)
+        self.size_m = _check_size("size_m", size_m)
+        self._core = _core.NgramSimple(self.size_n, self.size_m)
+
+    def __repr__(self) -> str:
+        return f"<NgramSimple size_n={self.size_n} size_m={self.size_m}, {self.n_tokens} tokens>"
+
+
+class NgramMapK(_LlamaShaped):
+    """ngram-map-k (``k4v=False``) or ngram-map-k4v: a map of ``size_n``-gram keys to
+    their occurrences, with llama.cpp's 2^18-slot index, acceptance ratchet and (k4v) up to
+    four counted values per key, ``min_hits`` hits before drafting."""
+
+    def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1, k4v: bool = False):
+        super().__init__()
+        self.size_n = _check_size("size_n", size_n)
+        self.size_m = _check_size("size_m", size_m)
+        self.min_hits = check_int("min_hits", min_hits, 1, 65535)
+        self.k4v = _check_bool("k4v", k4v)
+        self._core = _core.NgramMap(self.size_n, self.size_m, self.min_hits, self.k4v)
+
+    @property
+    def n_keys(self) -> int:
+        """Key records made so far."""
+        return self._core.n_keys
+
+    def __repr__(self) -> str:
+        kind = "k4v" if self.k4v else "k"
+        return f"<NgramMapK {kind} size_n={self.size_n} size_m={self.size_m}, {self.n_tokens} tokens>"
+
+
+def _check_table(table) -> NgramModTable:
+    if table is None:
+        return NgramModTable()
+    if not isinstance(table, NgramModTable):
+        raise TypeError(f"table must be an NgramModTable or None, got {type(table).__name__}")
+    return table
+
+
+class NgramMod(_LlamaShaped):
+    """ngram-mod: chains ``n_match``-gram lookups in a shared hash table to draft
+    ``n_min`` to ``n_max`` tokens (nothing when fewer than ``n_min`` are found); five
+    drafts in a row with under a quarter accepted clear the table. ``table``: an
+    ``NgramModTable`` to share, None for a private one (16 MiB)."""
+
+    def __init__(self, n_match: int = 24, n_min: int = 48, n_max: int = 64, table: NgramModTable | None = None):
+        super().__init__()
+        self.n_match = _check_size("n_match", n_match)
+        self.n_min = _check_size("n_min", n_min, 0)
+        self.n_max = _check_size("n_max", n_max, 0)
+        self.table = _check_table(table)
+        self._core = _core.NgramMod(self.table._core, self.n_match, self.n_min, self.n_max)
+
+    def __repr__(self) -> str:
+        return f"<NgramMod n_match={self.n_match} n_min={self.n_min} n_max={self.n_max}, {self.n_tokens} tokens>"
+
+
+# ---------------------------------------------------------------------------------
+# the same drafters under the Drafter protocol
+
+
+class NgramSimpleDrafter(CoreSequenceDrafter):
+    """ngram-simple (see ``NgramSimple``) as a ``Drafter``: proposes what llama.cpp's
+    ngram-simple drafts for the verified sequence, cut to ``n_draft``."""
+
+    _SOURCE = 1
+
+    def __init__(self, size_n: int = 12, size_m: int = 48, n_draft: int = 16, gate: AdaptiveGate | None = None):
+        super().__init__(n_draft, gate)
+        self.size_n = _check_size("size_n", size_n)
+        self.size_m = _check_size("size_m", size_m)
+        self._core = _core.NgramSimpleSequence(self.size_n, self.size_m)
+
+
+class NgramMapDrafter(CoreSequenceDrafter):
+    """ngram-map-k / ngram-map-k4v (see ``NgramMapK``) as a ``Drafter``; the
+    acceptance ratchet is fed with each proposal's accepted prefix."""
+
+    _SOURCE = 1
+
+    def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1, k4v: bool = False,
+                 n_draft: int = 16, gate: AdaptiveGate | None = None):
+        super().__init__(n_draft, gate)
+        self.size_n = _check_size("size_n", size_n)
+        self.size_m = _check_size("size_m", size_m)
+        self.min_hits = check_int("min_hits", min_hits, 1, 65535)
+        self.k4v = _check_bool("k4v", k4v)
+        self._core = _core.NgramMapSequence(self.size_n, self.size_m, self.min_hits, self.k4v)
+
+
+class NgramModDrafter(CoreSequenceDrafter):
+    """ngram-mod (see ``NgramMod``) as a ``Drafter``. ``table``: an ``NgramModTable``
+    shared across requests (and drafters, and threads), None for a private one."""
+
+    _SOURCE = 1
+
+    def __init__(self, n_match: int = 24, n_min: int = 48, n_max: int = 64, table: NgramModTable | None = None,
+                 n_draft: int = 16, gate: AdaptiveGate | None = None):
+        super().__init__(n_draft, gate)
+        self.n_match = _check_size("n_match", n_match)
+        self.n_min = _check_size("n_min", n_min, 0)
+        self.n_max = _check_size("n_max", n_max, 0)
+        self.table = _check_table(table)
+        self._core = _core.NgramModSequence(self.table._core, self.n_match, self.n_min, self.n_max)

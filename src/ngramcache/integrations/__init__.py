@@ -1,0 +1,1 @@
+"""Model runtimes as verifiers: llama-cpp-python (``llama``) and transformers (``hf``)."""
