@@ -1,4 +1,4 @@
-"""A slow, obviously-correct pure-Python model of llama.cpp's n-gram cache (spec §1).
+"""A slow, obviously-correct pure-Python model of llama.cpp's n-gram cache (docs/llama-lookup.md §1-4).
 
 The oracle the property tests compare ngramcache against. Written for clarity, not
 speed: plain dicts, one observation at a time, every rule spelled out where it is used.
@@ -10,7 +10,7 @@ pairs, in the order reference_libstdcxx.py works out from the insertion sequence
 (the first best score in that order wins, llama.cpp's strict '>'), merges (tokens of a
 part added in that order) and to_bytes follow it.
 
-Where the project deliberately differs from llama.cpp (design.md §3) the model follows
+Where the project deliberately differs from llama.cpp (docs/llama-lookup.md §3) the model follows
 the project:
 - arithmetic is exact (Python ints), llama.cpp uses int32 products;
 - an n-gram longer than the sequence is "not found" unless ``llama_oob`` asks for what

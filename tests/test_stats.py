@@ -212,7 +212,7 @@ def ref_attribute(seq, ctx, dyn, static):
 
 
 def ref_replay(tokens, n_ctx, n_draft, static=None, dynamic=None, oob_reads=None) -> dict:
-    """The loop of spec §2.5 on the reference model, with every extra figure.
+    """The loop of docs/llama-lookup.md §5.1 on the reference model, with every extra figure.
     ``oob_reads``: a row of llama.cpp's out-of-bounds reads per chunk (default: the usual ones)."""
     tokens = [int(t) for t in tokens]
     static = static or {}
