@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 
 from ngramcache._validate import as_tokens, check_int
+from ngramcache.decoding.sampling import Sampler, make_sampler
 from ngramcache.drafters.base import Drafter
 
 __all__ = ["Backend", "GenerationResult", "PromptCache", "Sampler", "generate", "stream"]
@@ -130,57 +131,6 @@ class GenerationResult:
         return self.n_tokens / self.t_total if self.t_total > 0 else float("inf")
 
 
-class Sampler:
-    """Token choice at one position: argmax (``temperature`` 0), or a draw from the
-    tempered distribution, optionally restricted to the ``top_k`` most likely tokens
-    and then to the smallest set holding ``top_p`` of the mass.
-
-    A draw uses one uniform number per emitted token, so a seed gives the same text
-    whatever was drafted."""
-
-    def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None):
-        temperature, top_p = float(temperature), float(top_p)
-        if not (temperature >= 0.0) or not np.isfinite(temperature):
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        top_k = check_int("top_k", top_k, 0)
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        seed = check_int("seed", seed, 0, none_ok=True)
-        self.greedy = temperature == 0.0
-        self.temperature = temperature
-        self.top_k = top_k
-        self.top_p = top_p
-        self.rng = np.random.default_rng(seed)
-
-    def __call__(self, row: np.ndarray) -> int:
-        """The token chosen from one row of logits."""
-        if self.greedy:
-            return int(np.argmax(row))
-        u = self.rng.random()
-        if self.top_k:
-            k = min(self.top_k, row.size)
-            ids = np.argpartition(row, -k)[-k:]
-            x = row[ids].astype(np.float64)
-        else:
-            ids = None
-            x = row.astype(np.float64)
-        x = (x - x.max()) / self.temperature
-        p = np.exp(x)
-        if self.top_p < 1.0:
-            order = np.argsort(-p, kind="stable")
-            ps = p[order]
-            c = np.cumsum(ps)
-            keep = int(np.searchsorted(c, self.top_p * c[-1])) + 1
-            order = order[:keep]
-            c = c[:keep]
-            j = int(np.searchsorted(c, u * c[-1], side="right"))
-            j = order[min(j, keep - 1)]
-        else:
-            c = np.cumsum(p)
-            j = min(int(np.searchsorted(c, u * c[-1], side="right")), p.size - 1)
-        return int(ids[j]) if ids is not None else int(j)
-
-
 class PromptCache:
     """What a backend's KV cache holds after a request, so that the next request that
     starts with the same tokens (the next turn of a chat, the same system prompt) decodes
@@ -274,7 +224,8 @@ def generate(backend: Backend, prompt, drafter: Drafter | None = None, max_token
     its position. ``temperature > 0``: each position is sampled from the model's
     distribution (optionally ``top_k`` / ``top_p``) and a drafted token is kept only
     when the sample equals it, so the text has exactly the model's distribution, and
-    with a ``seed`` it is the same text with or without drafting.
+    with a ``seed`` it is the same text with or without drafting (each position's draw
+    depends only on the seed and the position: ``ngramcache.decoding.sampling``).
 
     ``n_threads`` / ``n_threads_batch`` go to the backend's ``set_threads`` (None:
     leave them as they are). ``on_tokens(tokens, n_from_draft)`` is called as tokens
@@ -320,7 +271,7 @@ def _run(m: Backend, prompt, drafter, max_tokens, *, temperature=0.0, seed=None,
     _check_backend(m)
     if prompt_cache is not None and not isinstance(prompt_cache, PromptCache):
         raise TypeError(f"prompt_cache must be a PromptCache, got {type(prompt_cache).__name__}")
-    sampler = Sampler(temperature, top_k, top_p, seed)
+    sampler = make_sampler(temperature, top_k, top_p, seed)
     prompt_tokens = m.tokenize(prompt)
     if prompt_tokens.size == 0:
         raise ValueError("prompt is empty")
@@ -358,7 +309,7 @@ def _run(m: Backend, prompt, drafter, max_tokens, *, temperature=0.0, seed=None,
     row = m.logits(len(chunk) - 1)
     if on_logits is not None:
         on_logits(0, row)
-    tok = sampler(row)
+    tok = sampler(row, n_p)
     t_prompt = time.perf_counter() - t0
     out[0] = tok
     n_out = 1
@@ -396,7 +347,7 @@ def _run(m: Backend, prompt, drafter, max_tokens, *, temperature=0.0, seed=None,
                 row = m.logits(i)
                 if on_logits is not None:
                     on_logits(n_out + i, row)
-                choice = sampler(row)
+                choice = sampler(row, n_p + n_out + i)
                 new.append(choice)
                 if i == k or choice != int(draft[i]):
                     break
