@@ -48,13 +48,18 @@ def check_text_input(args) -> None:
 
 def text_files(args) -> tuple[list, list]:
     """(files, skipped): the files -f names (directories expanded), binary ones skipped
-    with a note; a RunError when none is left."""
+    with a note; a RunError when none is left. Every file is read from before any work
+    starts, so that one that cannot be read fails now, by name, not after the others were
+    tokenized or on a worker."""
+    from ngramcache.corpus.text import read_input
     from ngramcache.files import expand_inputs
 
     files, skipped = expand_inputs(args.files)
     if not files:
         raise RunError("no text files found in " + ", ".join(args.files)
                        + (f" ({len(skipped)} binary files skipped)" if skipped else ""))
+    for f in files:
+        read_input(f, 1)
     for s in skipped:
         note(args, f"{args.command}: skipping binary file {s}")
     return files, skipped

@@ -22,16 +22,15 @@ together stay within ``BLOCK_BUDGET_BYTES``, 256 MiB, down to ``MIN_BLOCK_ENTRIE
 a run), the entries of one key, and per key 8 bytes for an NGST file (plus the
 image itself, the size of the output) or about 50 bytes for a lookup.bin (first sighting,
 hash, spool offset, and llama.cpp's map order). The runs themselves are spooled to a
-hidden folder beside the output as they arrive from the workers, one at a time.
+hidden folder beside the output as they arrive from the workers, one at a time (a folder
+that a killed run leaves behind is removed by the next one: ``ngramcache.corpus.spool``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import struct
-import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,8 @@ import numpy as np
 
 from ngramcache import _core
 from ngramcache._validate import NGRAM_MAX, check_int
+from ngramcache.corpus._workers import children_ignore_sigint
+from ngramcache.corpus.spool import spool_folder
 
 __all__ = ["Shard", "ShardCounts", "plan_shards", "tokenize_shard", "count_shard", "shard_counts", "boundary_run",
            "merge_runs", "create_sharded", "merge_cache_files", "local_client", "connect", "close_client"]
@@ -127,12 +128,12 @@ def _tokenizer(spec: tuple[str, str]):
 def tokenize_shard(shard: Shard, tok, escape: bool, piece_bytes: int) -> np.ndarray:
     """The shard's tokens: exactly its slice of what ``tokenize_files`` gives for all the
     inputs with the same ``piece_bytes``."""
-    from ngramcache.corpus.text import prepare_text, split_pieces
+    from ngramcache.corpus.text import prepare_text, read_input, split_pieces
     from ngramcache.corpus.tokenizers import HFTokenizer, _add_text, _Pipeline
 
     pipe = _Pipeline(tok, 1)
     for path, part, of_parts in shard.parts:
-        data = Path(path).read_bytes()
+        data = read_input(path)
         text = prepare_text(data, escape, path, check=tok.rejects_above_max_codepoint)
         del data
         pieces = split_pieces(text, piece_bytes) if tok.prefix is not None else [text]
@@ -217,11 +218,13 @@ def block_entries(n_runs: int) -> int:
 
 
 def merge_runs(paths: Sequence[str | os.PathLike], out: str | os.PathLike, fmt: str, *, from_tokens: bool,
-               ngram_size: int = 0) -> dict:
+               ngram_size: int = 0, spool: str | os.PathLike | None = None) -> dict:
     """Merge run files into ``out`` (written atomically) as an NGST table (``fmt="ngst"``;
     best tokens as ``StaticTable.build`` picks them when ``from_tokens``, else as
     ``StaticTable.from_cache`` does) or a llama.cpp lookup.bin (``fmt="llama"``).
     ``ngram_size``: the size of every key (0: the runs' own, 2 when they are empty).
+    ``spool``: a folder for the lookup.bin's temporary records (default: a spool folder
+    of its own beside ``out``, see ``ngramcache.corpus.spool``).
     Returns the result's {"keys", "entries", "total_count"}."""
     paths = [os.fspath(p) for p in paths]
     out = os.fspath(out)
@@ -229,28 +232,14 @@ def merge_runs(paths: Sequence[str | os.PathLike], out: str | os.PathLike, fmt: 
     if fmt == "ngst":
         figures = _core.merge_runs_ngst(paths, out, ngram_size, from_tokens, block)
     elif fmt == "llama":
-        folder = os.path.dirname(os.path.abspath(out))
-        spool = os.path.join(folder, f".{os.path.basename(out)}.{uuid.uuid4().hex}.records")
-        try:
-            figures = _core.merge_runs_lookup(paths, out, spool, block)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(spool)
+        with contextlib.ExitStack() as stack:
+            folder = Path(spool) if spool is not None else stack.enter_context(spool_folder(out))
+            records = folder / f"merge-{uuid.uuid4().hex}.records"
+            stack.callback(lambda: records.unlink(missing_ok=True))
+            figures = _core.merge_runs_lookup(paths, out, os.fspath(records), block)
     else:
         raise ValueError(f"fmt must be 'ngst' or 'llama', got {fmt!r}")
     return dict(zip(("keys", "entries", "total_count"), map(int, figures)))
-
-
-@contextlib.contextmanager
-def _spool_folder(out: str | os.PathLike):
-    # Beside the output: the same disk that must hold the result anyway (a /tmp in RAM
-    # would turn spooled runs back into memory).
-    folder = os.path.dirname(os.path.abspath(os.fspath(out)))
-    path = tempfile.mkdtemp(prefix=f".{os.path.basename(os.fspath(out))}.runs-", dir=folder)
-    try:
-        yield Path(path)
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------
@@ -267,14 +256,18 @@ def _distributed():
 
 def local_client(n_workers: int):
     """A Client of a new LocalCluster of ``n_workers`` single-threaded worker processes;
-    :func:`close_client` closes both."""
+    :func:`close_client` closes both. The workers log nothing (a failed task reaches the
+    client as its exception) and ignore SIGINT: a Ctrl-C to the process group interrupts
+    this process alone, which then closes the cluster."""
     import logging
 
     distributed = _distributed()
-    # Port 0 for the scheduler's web server: another cluster on this machine may hold
-    # the default port.
-    cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                       dashboard_address=":0", silence_logs=logging.ERROR)
+    with children_ignore_sigint():
+        # Port 0 for the scheduler's web server: another cluster on this machine may hold
+        # the default port.
+        cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                           dashboard_address=":0", silence_logs=logging.CRITICAL,
+                                           preload=["ngramcache.corpus._workers"])
     client = distributed.Client(cluster)
     client._ngramcache_cluster = cluster  # closed together
     return client
@@ -362,7 +355,7 @@ def create_sharded(files: Sequence[str | os.PathLike], out: str | os.PathLike, f
         raise ValueError(f"{len(shards):,} shards, more than the {MAX_RUNS:,} a merge can rank: "
                          f"use larger shards (shard_bytes, --shard-size)")
     stage = timer.stage if timer is not None else (lambda name: contextlib.nullcontext())
-    with _spool_folder(out) as spool:
+    with spool_folder(out) as spool:
         with stage("count shards"):
             kind, tok_path = tokenizer_spec
             counts = _collect_runs(client, shards, spool,
@@ -371,7 +364,7 @@ def create_sharded(files: Sequence[str | os.PathLike], out: str | os.PathLike, f
             edge = spool / "boundaries.run"
             _write_run(edge, boundary_run(counts, ngram_size))
             figures = merge_runs(sorted(spool.glob("*.run")), out, fmt, from_tokens=True,
-                                 ngram_size=ngram_size)
+                                 ngram_size=ngram_size, spool=spool)
     return {"tokens": sum(c.n_tokens for c in counts), "shards": len(shards), **figures}
 
 
@@ -386,7 +379,7 @@ def merge_cache_files(inputs: Sequence[str | os.PathLike], out: str | os.PathLik
     "total_count"} of the result. ``progress.update(1)`` is called as each input is read;
     ``timer`` times the stages "read inputs" and "merge"."""
     stage = timer.stage if timer is not None else (lambda name: contextlib.nullcontext())
-    with _spool_folder(out) as spool:
+    with spool_folder(out) as spool:
         with stage("read inputs"):
             paths = _runs_of_inputs(inputs, spool, progress)
         sizes = sorted({n for p in paths for n in run_header(p)["sizes"]})
@@ -395,7 +388,7 @@ def merge_cache_files(inputs: Sequence[str | os.PathLike], out: str | os.PathLik
                              f"{', '.join(map(str, sizes))} (a context or dynamic cache?): write a llama.cpp "
                              f".bin file instead")
         with stage("merge"):
-            return merge_runs(paths, out, fmt, from_tokens=False)
+            return merge_runs(paths, out, fmt, from_tokens=False, spool=spool)
 
 
 def _runs_of_inputs(inputs, spool: Path, progress) -> list[Path]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["InvalidTextError", "process_escapes", "check_codepoints", "prepare_text", "read_text_file",
+__all__ = ["InvalidTextError", "process_escapes", "check_codepoints", "prepare_text", "read_input", "read_text_file",
            "prompt_text", "split_pieces", "DEFAULT_PIECE_BYTES"]
 
 DEFAULT_PIECE_BYTES = 64 * 1024
@@ -177,12 +177,24 @@ def split_pieces(text: bytes, piece_bytes: int = DEFAULT_PIECE_BYTES) -> list[by
     return pieces
 
 
+def read_input(path: str | os.PathLike, limit: int = -1) -> bytes:
+    """A file's bytes (its first ``limit`` bytes when ``limit >= 0``); an OSError always
+    names the file (a failed read, as of ``/proc/self/mem`` or a bad disk sector, otherwise
+    says only "Input/output error")."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise type(e)(e.errno, e.strerror, path) from None
+
+
 def read_text_file(path: str | os.PathLike, escape: bool = True, check: bool = True) -> bytes:
     """A text file's bytes after llama.cpp's ``-f`` rules (:func:`prepare_text`)."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        data = f.read()
-    return prepare_text(data, escape, path, check=check)
+    return prepare_text(read_input(path), escape, path, check=check)
 
 
 def prompt_text(prompt: str | bytes, escape: bool = True) -> bytes:

@@ -46,7 +46,7 @@ import numpy as np
 from ngramcache._validate import as_tokens, check_int
 from ngramcache.files import expand_inputs
 from ngramcache.models import model_path, usable_cpus
-from ngramcache.corpus.text import DEFAULT_PIECE_BYTES, prepare_text, split_pieces
+from ngramcache.corpus.text import DEFAULT_PIECE_BYTES, prepare_text, read_input, split_pieces
 
 __all__ = ["GGUFTokenizer", "HFTokenizer", "load_tokenizer", "tokenize_text", "tokenize_files", "default_jobs"]
 
@@ -398,11 +398,12 @@ def tokenize_files(paths: Iterable[str | os.PathLike], tok, escape: bool = True,
     ``-f FILE``, and concatenate their tokens in order.
 
     ``jobs``: worker processes for long texts (default: one less than the CPUs this process
-    may use, since this process feeds them; 1 = tokenize in this process, no workers). Workers are started with ``spawn``, which re-imports the
-    main module: a script that calls this with ``jobs > 1`` needs the usual
-    ``if __name__ == "__main__":`` guard. They start only for GGUF tokenizers and at least
-    1 MiB of text (below that, starting them costs more than it saves); a Hugging Face
-    tokenizer runs pieces in its own threads instead.
+    may use, since this process feeds them; 1 = tokenize in this process, no workers).
+    Workers are started with ``spawn``, which re-imports the main module: a script that
+    calls this with ``jobs > 1`` needs the usual ``if __name__ == "__main__":`` guard. They
+    start only for GGUF tokenizers and at least 1 MiB of text (below that, starting them
+    costs more than it saves); a Hugging Face tokenizer runs pieces in its own threads
+    instead.
     ``piece_bytes``: piece size for piecewise tokenization (default 64 KiB; 0 = one call per
     file, exactly llama.cpp's result; see the module docstring for how pieces can differ).
     ``progress``: an object with ``update(n_bytes)`` (e.g. :class:`ngramcache.progress.Progress`
@@ -423,7 +424,7 @@ def tokenize_files(paths: Iterable[str | os.PathLike], tok, escape: bool = True,
         # Files and their pieces go through one ordered stream, so many small files are
         # spread over the workers as well as the pieces of one long file.
         for f in files:
-            data = f.read_bytes()
+            data = read_input(f)
             text = prepare_text(data, escape, str(f), check=tok.rejects_above_max_codepoint)
             _add_text(pipe, text, len(data), tok, piece_bytes, progress)
             del data
