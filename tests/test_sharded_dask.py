@@ -157,3 +157,108 @@ def test_a_shard_that_kills_every_worker_is_one_error(corpus, tmp_path, capsys):
     finally:
         sharded.close_client(c)
     assert not list(tmp_path.iterdir())
+
+
+# -- a run that is killed or interrupted ----------------------------------------------------
+
+def _long_corpus(folder) -> "os.PathLike":
+    """Text that takes a worker several seconds: time to kill a run in the middle."""
+    import random
+
+    rng = random.Random(7)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+    path = folder / "long.txt"
+    with open(path, "w") as f:
+        for _ in range(120_000):
+            f.write(" ".join(rng.choice(words) for _ in range(8)) + "\n")
+    return path
+
+
+def _start_create(tmp_path, corpus, out):
+    """`create --workers 1` in its own process group, as a terminal runs it."""
+    import subprocess
+    argv = [sys.executable, "-m", "ngramcache", "create", "--workers", "1", "-m", smollm2_path(), "-f", corpus,
+            "--shard-size", "262144", "-lcs", out, "-q"]
+    return subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, text=True)
+
+
+def _wait_for_a_spooled_run(proc, folder, timeout=120.0):
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        for spool in folder.glob(".*.runs-*"):
+            if any(spool.glob("shard-*.run")):
+                return spool
+        time.sleep(0.02)
+    raise AssertionError("no run was spooled in time")
+
+
+def _hidden(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_a_sigkilled_run_leaves_a_spool_that_the_next_run_removes(tmp_path, capsys):
+    corpus = _long_corpus(tmp_path)
+    out = tmp_path / "out.ngst"
+    proc = _start_create(tmp_path, corpus, out)
+    try:
+        spool = _wait_for_a_spooled_run(proc, tmp_path)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the run and its workers, as the OOM killer would
+        proc.communicate()
+    assert spool.is_dir() and _hidden(tmp_path) == [spool.name]
+    small = tmp_path / "small.txt"
+    small.write_text("a small text, counted quickly\n" * 50)
+    s = run_json(capsys, "create", "--workers", "1", "-m", smollm2_path(), "-f", small, "-lcs", out)
+    assert s["tokens"] > 0 and out.is_file()
+    assert _hidden(tmp_path) == []
+
+
+def test_ctrl_c_stops_the_run_with_one_line_and_no_worker_tracebacks(tmp_path):
+    corpus = _long_corpus(tmp_path)
+    out = tmp_path / "out.ngst"
+    proc = _start_create(tmp_path, corpus, out)
+    try:
+        _wait_for_a_spooled_run(proc, tmp_path)
+        os.killpg(proc.pid, signal.SIGINT)  # what a Ctrl-C in the terminal sends
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130
+    assert stderr == "ngramcache create: interrupted\n"
+    assert not out.exists() and _hidden(tmp_path) == []
+
+
+def test_local_workers_ignore_sigint_also_after_a_restart(client):
+    def handler():
+        return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+    assert set(client.run(handler).values()) == {True}
+
+
+def test_a_worker_error_is_one_line_without_the_workers_log(tmp_path):
+    """The worker's own "Compute Failed" log and traceback stay out of the user's terminal."""
+    import subprocess
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"abc \\xF4\\x90\\x80\\x80 def\n")
+    r = subprocess.run([sys.executable, "-m", "ngramcache", "create", "--workers", "1", "-m", smollm2_path(),
+                        "-f", str(bad), "-lcs", str(tmp_path / "o.ngst"), "-q"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stdout == ""
+    [line] = r.stderr.splitlines()
+    assert line.startswith(f"ngramcache create: error: {bad}: byte offset 4: ") and "U+110000" in line
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs Linux's /proc/self/mem")
+def test_an_unreadable_input_is_named_before_the_cluster_starts(tmp_path, capsys):
+    good = tmp_path / "a.txt"
+    good.write_text("hello world\n")
+    rc, out, err = run_cli(capsys, "create", "--workers", "2", "-m", smollm2_path(), "-f", good,
+                           "-f", "/proc/self/mem", "-lcs", tmp_path / "o.ngst")
+    assert (rc, out) == (1, "")
+    assert err == "ngramcache create: error: /proc/self/mem: Input/output error\n"
+    assert "start cluster" not in err and not (tmp_path / "o.ngst").exists()
