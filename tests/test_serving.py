@@ -1,24 +1,268 @@
-"""The server's engine parts that need no model: the cross-request memory (bounds, the
-memory file: round trip, damage, another vocabulary, atomic saves) and stop strings."""
+"""The serving parts that need no model: the cross-request memory (bounds, the memory
+file: round trip, damage, another vocabulary, atomic saves), stop strings, and the engine
+on a fake model (its answers, its typed errors, its queue bound, closing with a bounded
+drain, saves that fail)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
 
+from conftest import PROMPT, next_token, reference
 from ngramcache import CacheFormatError, NgramCache
-from ngramcache.serving.engine import Memory, _StopFilter
+from ngramcache._state_file import VocabularyMismatchError
+from ngramcache.serving import Engine, Job, Memory
+from ngramcache.serving.engine import resolve_speculative
+from ngramcache.serving.errors import (CancelledError, ContextOverflowError, QueueFullError, RequestError,
+                                       ShuttingDownError)
+from ngramcache.serving.stop_filter import StopFilter
 
 FP = bytes(range(32))
 V = 1000
+V_FAKE = 64
+
+
+class FakeModel:
+    """A Backend whose next token is ``conftest.next_token`` of the prefix. ``delay``:
+    seconds each decode takes; ``hold``: an Event every decode waits for (a model stuck
+    in a decode)."""
+
+    def __init__(self, n_ctx: int = 4096, delay: float = 0.0, hold: threading.Event | None = None):
+        self.n_vocab, self.n_ctx, self.n_batch = V_FAKE, n_ctx, 16
+        self.delay, self.hold = delay, hold
+        self.kv: list[int] = []
+        self.rows: dict[int, np.ndarray] = {}
+
+    def tokenize(self, prompt):
+        if isinstance(prompt, str):
+            return np.frombuffer(prompt.encode(), dtype=np.uint8).astype(np.int32) % V_FAKE
+        return np.asarray(prompt, dtype=np.int32)
+
+    def clear(self):
+        self.kv, self.rows = [], {}
+
+    def decode(self, tokens, pos0, logits_from):
+        if self.hold is not None:
+            self.hold.wait()
+        if self.delay:
+            time.sleep(self.delay)
+        assert pos0 == len(self.kv)
+        self.rows = {}
+        for i, t in enumerate(tokens):
+            self.kv.append(int(t))
+            if i >= logits_from:
+                row = np.zeros(V_FAKE, dtype=np.float32)
+                row[next_token(self.kv)] = 10.0
+                self.rows[i] = row
+        assert len(self.kv) <= self.n_ctx
+
+    def logits(self, i):
+        return self.rows[i]
+
+    def truncate(self, pos):
+        del self.kv[pos:]
+
+    def is_eog(self, tok):
+        return False
+
+    def piece(self, tok):
+        return f"<{tok}>".encode()
+
+
+def _engine(model=None, **kw) -> Engine:
+    kw.setdefault("adaptive", False)
+    return Engine(model if model is not None else FakeModel(), **kw)
+
+
+def _text(tokens) -> str:
+    return "".join(f"<{t}>" for t in tokens)
 
 
 def _requests(n: int, length: int = 50, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, V, length).astype(np.int32) for _ in range(n)]
 
+
+# --- the engine on a fake model --------------------------------------------------------
+
+@pytest.mark.parametrize("spec", [None, {"drafter": "suffix"}, {"enabled": False}, {"n_draft": 0}])
+def test_engine_answers_what_the_model_alone_would(spec):
+    engine = _engine(memory=Memory(max_tokens=10_000, mod_size=1024))
+    try:
+        for _ in range(2):  # the second time drafts from memory, and reuses the KV cache
+            pieces = []
+            job = Job(prompt=np.array(PROMPT, dtype=np.int32), max_tokens=40, speculative=spec,
+                      on_text=lambda text, drafted: pieces.append(text))
+            r = engine.run(job, timeout=60)
+            assert r.tokens.tolist() == reference(PROMPT, 40)
+            assert r.text == "".join(pieces) == _text(r.tokens) and r.finish_reason == "length"
+            assert r.drafter == (None if spec in ({"enabled": False}, {"n_draft": 0}) else
+                                 (spec or {}).get("drafter", "copy"))
+        assert engine.memory.n_requests == 2
+    finally:
+        assert engine.close(timeout=30)
+
+
+@pytest.mark.parametrize("spec,param", [
+    ({"drafter": "nope"}, "speculative.drafter"),
+    ({"n_draft": 1000}, "speculative.n_draft"),
+    ({"n_draft": True}, "speculative.n_draft"),
+    ({"enabled": "yes"}, "speculative.enabled"),
+    ({"colour": "red"}, "speculative.colour"),
+    ("copy", "speculative"),
+])
+def test_speculative_is_checked_once_with_the_field_named(spec, param):
+    with pytest.raises(RequestError) as e:
+        resolve_speculative(spec, "copy", 16)
+    assert e.value.param == param and e.value.status == 400
+    assert resolve_speculative({"drafter": "mod", "n_draft": 4}, "copy", 16) == ("mod", 4)
+    assert resolve_speculative(None, None, 16) == (None, 0)
+
+
+def test_submit_raises_typed_errors_that_carry_status_and_param():
+    engine = _engine(FakeModel(n_ctx=100))
+    try:
+        cases = [(Job(prompt=np.zeros(0, np.int32), max_tokens=4), RequestError, "prompt"),
+                 (Job(prompt=np.ones(100, np.int32), max_tokens=0), ContextOverflowError, "prompt"),
+                 (Job(prompt=np.ones(50, np.int32), max_tokens=51), ContextOverflowError, "max_tokens"),
+                 (Job(prompt=np.ones(5, np.int32), max_tokens=-1), RequestError, "max_tokens"),
+                 (Job(prompt=np.ones(5, np.int32), max_tokens=4, speculative={"drafter": "x"}), RequestError,
+                  "speculative.drafter")]
+        for job, kind, param in cases:
+            with pytest.raises(kind) as e:
+                engine.submit(job)
+            assert type(e.value) is kind and e.value.param == param and e.value.status == 400
+        assert isinstance(e.value, RequestError)
+        with pytest.raises(ContextOverflowError) as e:
+            engine.submit(cases[2][0])
+        assert e.value.code == "context_length_exceeded"
+        with pytest.raises(RequestError, match="beyond the vocabulary") as e:
+            engine.check_tokens([1, V_FAKE])
+        assert e.value.param == "prompt"
+    finally:
+        engine.close(timeout=30)
+
+
+def test_a_full_queue_refuses_with_503():
+    hold = threading.Event()
+    engine = _engine(FakeModel(hold=hold), max_queue=2)
+    try:
+        jobs = [engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=3))]
+        deadline = time.monotonic() + 10
+        while engine.running is None and time.monotonic() < deadline:  # the first one runs
+            time.sleep(0.01)
+        jobs += [engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=3)) for _ in range(2)]
+        with pytest.raises(QueueFullError) as e:
+            engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=3))
+        assert e.value.status == 503 and e.value.code == "queue_full"
+        hold.set()
+        for j in jobs:
+            assert j.done.wait(30) and j.error is None
+    finally:
+        hold.set()
+        engine.close(timeout=30)
+
+
+def test_close_drains_for_a_bounded_time_then_stops_the_running_job(tmp_path):
+    path = tmp_path / "memory.bin"
+    engine = _engine(FakeModel(delay=0.005), memory=Memory(max_tokens=10_000, mod_size=256), memory_path=path)
+    short = engine.run(Job(prompt=np.array(PROMPT, np.int32), max_tokens=5), timeout=60)
+    assert short.n_tokens == 5
+    running = engine.submit(Job(prompt=np.array(PROMPT, np.int32), max_tokens=3000))
+    queued = engine.submit(Job(prompt=np.array(PROMPT, np.int32), max_tokens=3))
+    while engine.running is None:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    assert engine.close(drain=0.3, timeout=10)
+    took = time.monotonic() - t0
+    assert 0.3 <= took < 5
+    for job in (running, queued):
+        assert job.done.is_set() and isinstance(job.error, ShuttingDownError) and job.error.status == 503
+    assert "stopped after 0.3 s" in str(running.error)
+    with pytest.raises(ShuttingDownError):
+        engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=3))
+    # the memory was saved by the worker as it stopped: the finished request, not the stopped one
+    back = Memory.load(path, V_FAKE, engine.fingerprint())
+    assert back.n_requests == 1 and back.n_tokens == len(PROMPT) + 5
+    assert engine.close(timeout=1)  # again: nothing more to do
+
+
+def test_close_waits_for_the_running_job_when_it_finishes_in_time():
+    engine = _engine(FakeModel(delay=0.002))
+    job = engine.submit(Job(prompt=np.array(PROMPT, np.int32), max_tokens=20))
+    while engine.running is None and not job.done.is_set():
+        time.sleep(0.001)
+    assert engine.close(drain=30, timeout=10)
+    assert job.error is None and job.result.tokens.tolist() == reference(PROMPT, 20)
+
+
+def test_close_gives_up_on_a_stuck_model_and_says_the_memory_is_not_saved(tmp_path, caplog):
+    hold = threading.Event()
+    engine = _engine(FakeModel(hold=hold), memory=Memory(max_tokens=1000, mod_size=64),
+                     memory_path=tmp_path / "m.bin")
+    job = engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=3))
+    while engine.running is None:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="ngramcache.serving"):
+        assert engine.close(drain=0.1, timeout=0.3) is False
+    assert time.monotonic() - t0 < 3
+    assert "the memory is not saved" in caplog.text
+    hold.set()  # the decode returns: the job ends stopped, and the worker saves as it goes
+    assert job.done.wait(30) and isinstance(job.error, ShuttingDownError)
+    assert engine.close(timeout=30)
+
+
+def test_a_cancelled_job_that_never_started_ends_with_cancelled_error():
+    hold = threading.Event()
+    engine = _engine(FakeModel(hold=hold))
+    try:
+        first = engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=2))
+        second = engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=2))
+        second.cancel()
+        hold.set()
+        assert first.done.wait(30) and second.done.wait(30)
+        assert first.error is None and isinstance(second.error, CancelledError)
+    finally:
+        hold.set()
+        engine.close(timeout=30)
+
+
+def test_a_periodic_save_that_fails_is_logged_and_serving_goes_on(tmp_path, caplog):
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    engine = _engine(memory=Memory(max_tokens=1000, mod_size=64), memory_path=folder / "m.bin", save_every=0.01)
+    folder.rmdir()  # every save now fails: its folder is gone
+    try:
+        with caplog.at_level(logging.ERROR, logger="ngramcache.serving"):
+            for _ in range(3):
+                r = engine.run(Job(prompt=np.array(PROMPT, np.int32), max_tokens=4), timeout=60)
+                assert r.n_tokens == 4
+                time.sleep(0.05)
+        assert engine.save_errors and engine.last_save_error is not None
+        assert "memory not saved to" in caplog.text and str(folder) in caplog.text
+    finally:
+        engine.close(timeout=30)
+
+
+def test_the_static_table_reaches_the_drafters_that_read_one():
+    table = NgramCache()
+    table.update(np.array(PROMPT, np.int32), 2, 2)
+    engine = _engine(static=table)
+    try:
+        assert engine.make_drafter("copy", 4).static is table
+        assert engine.make_drafter("lookup", 4).static is table
+        assert not hasattr(engine.make_drafter("suffix", 4), "static")
+    finally:
+        engine.close(timeout=30)
+
+
+# --- the memory -----------------------------------------------------------------------
 
 def test_memory_learns_every_state():
     mem = Memory(max_tokens=10_000, mod_size=4096)
@@ -84,16 +328,18 @@ def test_memory_file_refuses_damage_and_another_vocabulary(tmp_path):
     mem.save(path, V, FP)
     data = path.read_bytes()
     bad = tmp_path / "bad.bin"
-    with pytest.raises(CacheFormatError, match="another model's vocabulary"):
-        Memory.load(path, V + 1, FP)
-    with pytest.raises(CacheFormatError, match="another model's vocabulary"):
-        Memory.load(path, V, bytes(32))
+    # intact, but learned with other token ids: said so, not "damaged"
+    for n_vocab, fp in [(V + 1, FP), (V, bytes(32))]:
+        with pytest.raises(VocabularyMismatchError, match="server memory made for another vocabulary") as e:
+            Memory.load(path, n_vocab, fp)
+        assert "damaged" not in str(e.value)
     for blob, match in [(data[:-9], "truncated"), (data[:10], "truncated"), (b"XXXXXXXX" + data[8:], "magic"),
                         (data[:100] + bytes([data[100] ^ 1]) + data[101:], "checksum"),
                         (data[:8] + b"\x09\x00\x00\x00" + data[12:], "version 9")]:
         bad.write_bytes(blob)
-        with pytest.raises(CacheFormatError, match=match):
+        with pytest.raises(CacheFormatError, match=match) as e:
             Memory.load(bad, V, FP)
+        assert "damaged or not a server memory file" in str(e.value) or "version" in str(e.value)
     with pytest.raises(FileNotFoundError):
         Memory.load(tmp_path / "missing.bin", V, FP)
 
@@ -140,7 +386,7 @@ def test_memory_save_is_atomic(tmp_path, monkeypatch):
     (["bc", "c"], ["abcd"], "a", True),
 ])
 def test_stop_filter(stops, pieces, expected, stopped):
-    f = _StopFilter(stops)
+    f = StopFilter(stops)
     out = "".join(f.feed(p) for p in pieces) + f.flush()
     assert out == expected and f.stopped == stopped
     assert "".join(f.text) == expected

@@ -326,7 +326,7 @@ def test_store_save_is_atomic(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("ngramcache.drafters.suffix.zlib.crc32", boom)
+    monkeypatch.setattr("ngramcache._state_file.zlib.crc32", boom)
     with pytest.raises(OSError):
         SuffixStore(max_tokens=10).save(path)
     assert path.read_bytes() == before

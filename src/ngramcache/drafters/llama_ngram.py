@@ -26,13 +26,11 @@ appending; pass a new object (or call ``begin``) when the history is rewritten.
 from __future__ import annotations
 
 import os
-import struct
-import zlib
 
 import numpy as np
 
 from ngramcache import _core
-from ngramcache._core import CacheFormatError
+from ngramcache._state_file import StateFormat
 from ngramcache._validate import INT32_MAX, as_tokens, check_int
 from ngramcache.drafters.base import CoreSequenceDrafter
 from ngramcache.decoding.gate import AdaptiveGate
@@ -100,52 +98,31 @@ class NgramModTable:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write every slot to ``path`` (``NGMT`` magic, version, size, the int32 slots, a
-        CRC-32; little-endian), atomically: an interrupted save leaves the previous file
-        whole. Drafters may keep writing meanwhile; each slot is read once, atomically."""
-        from ngramcache.files import atomic_open
-
-        body = _MOD_HEADER.pack(_MOD_MAGIC, _MOD_VERSION, self.size) + self._core.entries().astype("<i4").tobytes()
-        with atomic_open(path, "wb") as f:
-            f.write(body)
-            f.write(struct.pack("<I", zlib.crc32(body)))
+        CRC-32; little-endian; docs/format.md), atomically: an interrupted save leaves the
+        previous file whole. Drafters may keep writing meanwhile; each slot is read once,
+        atomically."""
+        _MOD_FORMAT.write(path, (self.size,), (self._core.entries().astype("<i4"),))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "NgramModTable":
         """The table saved at ``path``. A damaged, truncated or foreign file raises
         ``CacheFormatError`` naming the problem; a missing one ``FileNotFoundError``."""
         name = os.fspath(path)
-        with open(name, "rb") as f:
-            data = f.read()
-        if len(data) < _MOD_HEADER.size + 4:
-            raise CacheFormatError(f"{name}: not an ngram-mod table (truncated: {len(data)} bytes)")
-        magic, version, size = _MOD_HEADER.unpack_from(data)
-        if magic != _MOD_MAGIC:
-            raise CacheFormatError(f"{name}: not an ngram-mod table (magic {magic!r}, expected {_MOD_MAGIC!r})")
-        if version != _MOD_VERSION:
-            raise CacheFormatError(f"{name}: ngram-mod table version {version} is not supported (this is "
-                                   f"{_MOD_VERSION})")
-        if len(data) != _MOD_HEADER.size + 4 * size + 4:
-            raise CacheFormatError(f"{name}: {len(data)} bytes do not hold a table of {size} slots (truncated?)")
-        (crc,) = struct.unpack_from("<I", data, len(data) - 4)
-        if zlib.crc32(data[:-4]) != crc:
-            raise CacheFormatError(f"{name}: damaged ngram-mod table (checksum mismatch)")
+        (size,), payload = _MOD_FORMAT.read(name, lambda fields: 4 * fields[0])
         if not 1 <= size <= 2**32:
-            raise CacheFormatError(f"{name}: bad table size {size}")
+            raise _MOD_FORMAT.damaged(name, f"bad table size {size}")
         table = cls(size)
         try:
-            table._core.set_entries(np.frombuffer(data, dtype="<i4", count=size, offset=_MOD_HEADER.size)
-                                    .astype(np.int32))
+            table._core.set_entries(np.frombuffer(payload, dtype="<i4").astype(np.int32))
         except ValueError as e:
-            raise CacheFormatError(f"{name}: {e}") from None
+            raise _MOD_FORMAT.damaged(name, str(e)) from None
         return table
 
     def __repr__(self) -> str:
         return f"<NgramModTable {self.size} slots, {self.used} used>"
 
 
-_MOD_MAGIC = b"NGMT"
-_MOD_VERSION = 1
-_MOD_HEADER = struct.Struct("<4sIQ")  # magic, version, number of slots
+_MOD_FORMAT = StateFormat(b"NGMT", 1, "<Q", "an ngram-mod table")  # the number of slots
 
 
 def _small_tokens(toks) -> np.ndarray:

@@ -11,24 +11,21 @@ from __future__ import annotations
 
 import math
 import os
-import struct
-import zlib
 
 import numpy as np
 
 from ngramcache import _core
-from ngramcache._core import CacheFormatError
+from ngramcache._state_file import StateFormat
 from ngramcache._validate import as_tokens, check_int
 from ngramcache.drafters.base import CoreSequenceDrafter
 from ngramcache.decoding.gate import AdaptiveGate
 
 __all__ = ["SuffixDrafter", "SuffixStore", "SUFFIX_MAX_DEPTH"]
 
-# A saved store: this header, each request's length (uint64), every request's tokens
-# (int32), then the CRC-32 of everything before it; little-endian throughout.
-_MAGIC = b"NGSS"
-_VERSION = 1
-_HEADER = struct.Struct("<4sIQIIQ")  # magic, version, max_tokens, max_depth, reserved, n_requests
+# A saved store (docs/format.md): the header, each request's length (uint64), every
+# request's tokens (int32), then the CRC-32 of everything before it; little-endian.
+# Header fields after magic and version: max_tokens, max_depth, reserved, n_requests.
+_FORMAT = StateFormat(b"NGSS", 1, "<QIIQ", "a suffix store")
 
 #: the largest ``max_depth`` (memory grows with it where text repeats: up to max_depth + 1
 #: nodes a token)
@@ -98,15 +95,10 @@ class SuffixStore:
         """Write the store's requests and bounds to ``path`` (atomic: a temporary file
         renamed over ``path``, so an interrupted save leaves the previous file whole).
         ``SuffixStore.load`` rebuilds the same store from it."""
-        from ngramcache.files import atomic_open
-
         reqs = self.requests()
         lengths = np.array([r.size for r in reqs], dtype="<u8")
-        body = (_HEADER.pack(_MAGIC, _VERSION, self.max_tokens, self.max_depth, 0, len(reqs))
-                + lengths.tobytes() + b"".join(r.astype("<i4", copy=False).tobytes() for r in reqs))
-        with atomic_open(path, "wb") as f:
-            f.write(body)
-            f.write(struct.pack("<I", zlib.crc32(body)))
+        _FORMAT.write(path, (self.max_tokens, self.max_depth, 0, len(reqs)),
+                      [lengths] + [r.astype("<i4", copy=False) for r in reqs])
 
     @classmethod
     def load(cls, path: str | os.PathLike, max_tokens: int | None = None,
@@ -116,36 +108,23 @@ class SuffixStore:
         fit). A damaged, truncated or foreign file raises ``CacheFormatError`` naming
         the problem; a missing one ``FileNotFoundError``."""
         name = os.fspath(path)
-        with open(name, "rb") as f:
-            data = f.read()
-        if len(data) < _HEADER.size + 4:
-            raise CacheFormatError(f"{name}: not a suffix store (truncated: {len(data)} bytes)")
-        magic, version, saved_tokens, saved_depth, _, n = _HEADER.unpack_from(data)
-        if magic != _MAGIC:
-            raise CacheFormatError(f"{name}: not a suffix store (magic {magic!r}, expected {_MAGIC!r})")
-        if version != _VERSION:
-            raise CacheFormatError(f"{name}: suffix store version {version} is not supported (this is {_VERSION})")
-        (crc,) = struct.unpack_from("<I", data, len(data) - 4)
-        if zlib.crc32(data[:-4]) != crc:
-            raise CacheFormatError(f"{name}: damaged or truncated suffix store (checksum mismatch)")
-        off = _HEADER.size
-        if n > (len(data) - off - 4) // 8:
-            raise CacheFormatError(f"{name}: {n} requests cannot fit in {len(data)} bytes")
-        lengths = np.frombuffer(data, dtype="<u8", count=n, offset=off).astype(np.int64)
-        off += 8 * n
+        (saved_tokens, saved_depth, _, n), payload = _FORMAT.read(name, None)
+        if n > len(payload) // 8:
+            raise _FORMAT.damaged(name, f"{n} requests cannot fit in {len(payload)} bytes")
+        lengths = np.frombuffer(payload, dtype="<u8", count=n).astype(np.int64)
         total = int(lengths.sum()) if n else 0
-        if (lengths < 0).any() or off + 4 * total + 4 != len(data):
-            raise CacheFormatError(f"{name}: request lengths do not match the file size")
+        if (lengths < 0).any() or 8 * n + 4 * total != len(payload):
+            raise _FORMAT.damaged(name, "request lengths do not match the file size")
         try:
             store = cls(saved_tokens if max_tokens is None else max_tokens,
                         saved_depth if max_depth is None else max_depth)
         except ValueError as e:
             if max_tokens is None and max_depth is None:
-                raise CacheFormatError(f"{name}: bad bounds in the header ({e})") from None
+                raise _FORMAT.damaged(name, f"bad bounds in the header: {e}") from None
             raise
-        tokens = np.frombuffer(data, dtype="<i4", count=total, offset=off).astype(np.int32)
+        tokens = np.frombuffer(payload, dtype="<i4", count=total, offset=8 * n).astype(np.int32)
         if total and int(tokens.min()) < 0:
-            raise CacheFormatError(f"{name}: negative token id in a request")
+            raise _FORMAT.damaged(name, "negative token id in a request")
         start = 0
         for k in lengths.tolist():
             store._core.add(tokens[start : start + k])

@@ -5,7 +5,8 @@
 with uvicorn. Endpoints (docs/serve.md): ``/v1/completions``, ``/v1/chat/completions``
 (``stream: true`` sends server-sent events), ``/v1/models``, ``/health``, ``/metrics``
 (Prometheus text) and ``/`` (a chat page that marks the text that came from accepted
-drafts).
+drafts). Errors are OpenAI's body, with the status and parameter that the engine's typed
+errors (``ngramcache.serving.errors``) carry.
 """
 
 from __future__ import annotations
@@ -27,21 +28,19 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError("the server needs its extra: pip install 'ngramcache[serve]'") from e
 
-from ngramcache.serving.engine import Engine, EngineError, Job, JobResult
+from ngramcache.serving.http_errors import BodyLimit, check_text, error_body, error_response
+from ngramcache.serving.metrics import metrics_text
+from ngramcache.serving.engine import Engine
+from ngramcache.serving.errors import EngineError, ModelNotFoundError, RequestError, ShuttingDownError
+from ngramcache.serving.jobs import Job, JobResult
 
 __all__ = ["create_app", "metrics_text"]
 
+#: the default of ``create_app``'s ``max_body_bytes`` and of ``serve --max-body-bytes``
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
 # ---------------------------------------------------------------------------------
 # request bodies (fields OpenAI's API has and we do not use are accepted and ignored)
-
-
-class Speculative(BaseModel):
-    """Per-request control of drafting."""
-
-    model_config = ConfigDict(extra="forbid")
-    enabled: StrictBool = True
-    drafter: str | None = None
-    n_draft: StrictInt | None = Field(default=None, ge=0, le=256)
 
 
 class _Common(BaseModel):
@@ -55,7 +54,8 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     stream: StrictBool = False
     n: StrictInt = Field(default=1, ge=1, le=1)
-    speculative: Speculative | None = None
+    # checked once, by the engine (ngramcache.serving.engine.resolve_speculative)
+    speculative: dict[str, Any] | None = None
     cache_prompt: StrictBool = True
 
 
@@ -74,12 +74,12 @@ class Message(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Union[str, list[_Part], None] = None
 
-    def text(self) -> str:
+    def text(self, param: str) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
+            return check_text(self.content, param)
+        return "".join(check_text(p.text, f"{param}.{i}.text") for i, p in enumerate(self.content))
 
 
 class ChatRequest(_Common):
@@ -88,108 +88,63 @@ class ChatRequest(_Common):
 
 
 # ---------------------------------------------------------------------------------
-# errors, as OpenAI's API sends them
-
-
-def _error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-           code: str | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status,
-                        content={"error": {"message": message, "type": type_, "param": param, "code": code}})
-
-
-class _ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param=None, code=None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-
-# ---------------------------------------------------------------------------------
-# metrics
-
-
-def metrics_text(engine: Engine) -> bytes:
-    """The engine's counters in Prometheus' text format (prometheus-client)."""
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    class _Collector:
-        def collect(self):
-            c, s = engine.snapshot()
-            for key, help_ in (("requests", "requests run (finished, failed or cancelled)"),
-                               ("cancelled", "requests cancelled (the client went away)"),
-                               ("failed", "requests that failed"),
-                               ("prompt_tokens", "prompt tokens"),
-                               ("prompt_tokens_cached", "prompt tokens reused from the KV cache"),
-                               ("tokens", "tokens generated"),
-                               ("drafted", "drafted tokens verified"),
-                               ("accepted", "drafted tokens accepted")):
-                yield CounterMetricFamily(f"ngramcache_{key}", help_, value=c.get(key, 0))
-            for key, help_ in (("queue", "waiting for the model"), ("prompt", "decoding prompts"),
-                               ("draft", "drafting"), ("verify", "verifying drafts and choosing tokens"),
-                               ("total", "generating, prompts included")):
-                yield CounterMetricFamily(f"ngramcache_{key}_seconds", f"seconds spent {help_}",
-                                          value=s.get(key, 0.0))
-            drafted = c.get("drafted", 0)
-            yield GaugeMetricFamily("ngramcache_acceptance", "accepted / drafted so far",
-                                    value=c.get("accepted", 0) / drafted if drafted else 0.0)
-            yield GaugeMetricFamily("ngramcache_queued_requests", "requests waiting", value=engine.queued)
-            if engine.memory is not None:
-                yield GaugeMetricFamily("ngramcache_memory_bytes", "bytes of cross-request memory",
-                                        value=engine.memory.nbytes)
-                yield GaugeMetricFamily("ngramcache_memory_tokens", "tokens of cross-request memory",
-                                        value=engine.memory.n_tokens)
-
-    registry = CollectorRegistry()
-    registry.register(_Collector())
-    return generate_latest(registry)
-
-
-# ---------------------------------------------------------------------------------
 # the application
 
 
-def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool = False) -> "FastAPI":
+def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool = False,
+               shutdown_timeout: float = 5.0, max_body_bytes: int | None = MAX_BODY_BYTES) -> "FastAPI":
     """The ASGI application serving ``engine`` (its model answers to
-    ``engine.model_name`` and to each name in ``aliases``). ``close_engine``: close the
-    engine when the server shuts down (it finishes the running request and saves the
-    memory), as ``serve`` does: uvicorn ends the process by re-raising SIGTERM or SIGINT
-    right after its shutdown, so this is the last place to save."""
+    ``engine.model_name`` and to each name in ``aliases``).
+
+    ``close_engine``: close the engine when the application shuts down. ``await
+    app.state.drain()`` does it first, as ``serve`` does at SIGTERM before the server
+    closes its connections: the queued requests are answered 503, the running one may
+    finish for ``shutdown_timeout`` seconds and is then stopped and answered 503 (a
+    stream: an error event, then ``[DONE]``), and the memory is saved.
+    ``max_body_bytes``: larger request bodies are refused with 413 (None: no bound)."""
+
+    async def drain() -> bool:
+        """Close the engine as described above; False if it did not stop in time."""
+        return await asyncio.to_thread(engine.close, shutdown_timeout, max(10.0, shutdown_timeout))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
         if close_engine:
-            await asyncio.to_thread(engine.close)
+            await drain()
 
     app = FastAPI(title="ngramcache", description="OpenAI-compatible server with draft-free speculative decoding",
                   lifespan=lifespan)
+    app.state.drain = drain
+    if max_body_bytes is not None:
+        app.add_middleware(BodyLimit, limit=max_body_bytes)
     names = {engine.model_name, *aliases}
     created = int(time.time())
 
-    @app.exception_handler(_ApiError)
-    async def _api_error(request, exc: _ApiError):
-        return _error(exc.status, exc.message, exc.type, exc.param, exc.code)
+    @app.exception_handler(EngineError)
+    async def _engine_error(request, exc: EngineError):
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
-            return _error(400, "the request body is not valid JSON", code="invalid_json")
+            return error_response(RequestError("the request body is not valid JSON", code="invalid_json"))
         first = errors[0] if errors else {}
         loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         detail = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}"
                            for e in errors)
-        return _error(422, detail, param=loc or None, code="invalid_field")
+        return error_response(RequestError(detail, param=loc or None, status=422, code="invalid_field"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(exc.status_code, str(exc.detail), kind)
+        return JSONResponse(status_code=exc.status_code, content=error_body(str(exc.detail), kind))
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": engine.model_name, "queued": engine.queued,
-                "busy": engine.running is not None}
+        return {"status": "shutting_down" if engine.closed else "ok", "model": engine.model_name,
+                "queued": engine.queued, "busy": engine.running is not None}
 
     @app.get("/metrics")
     async def metrics():
@@ -204,8 +159,7 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
     @app.get("/v1/models/{model_id}")
     async def model(model_id: str):
         if model_id not in names:
-            raise _ApiError(404, f"the model {model_id!r} does not exist", "not_found_error", "model",
-                            "model_not_found")
+            raise ModelNotFoundError(f"the model {model_id!r} does not exist", param="model")
         return {"id": model_id, "object": "model", "created": created, "owned_by": "ngramcache"}
 
     @app.get("/", response_class=HTMLResponse)
@@ -214,51 +168,42 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
 
     def _job(body: _Common, prompt, max_tokens: int | None, default_max: int) -> Job:
         if body.model and body.model not in names:
-            raise _ApiError(404, f"the model {body.model!r} does not exist (this server has "
-                            f"{', '.join(sorted(names))})", "not_found_error", "model", "model_not_found")
+            raise ModelNotFoundError(f"the model {body.model!r} does not exist (this server has "
+                                     f"{', '.join(sorted(names))})", param="model")
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stop) > 16:
-            raise _ApiError(400, "stop: at most 16 sequences", param="stop")
-        n_prompt = int(prompt.size)
+            raise RequestError("stop: at most 16 sequences", param="stop")
+        for i, s in enumerate(stop):
+            check_text(s, f"stop.{i}" if isinstance(body.stop, list) else "stop")
         if max_tokens is None:
-            max_tokens = min(default_max, max(0, engine.n_ctx - n_prompt))
-        spec = body.speculative.model_dump(exclude_none=True) if body.speculative is not None else None
-        job = Job(prompt=prompt, max_tokens=max_tokens, temperature=body.temperature if body.temperature is not None else engine.temperature,
-                  top_p=body.top_p if body.top_p is not None else 1.0, top_k=body.top_k or 0, seed=body.seed,
-                  stop=stop, speculative=spec, cache_prompt=body.cache_prompt)
-        try:
-            engine._check(job)
-        except EngineError as e:
-            param = "max_tokens" if "max_tokens" in str(e) else ("speculative" if "speculative" in str(e)
-                                                                  else "prompt")
-            raise _ApiError(400, str(e), param=param) from None
-        return job
+            max_tokens = min(default_max, max(0, engine.n_ctx - int(prompt.size)))
+        temperature = body.temperature if body.temperature is not None else engine.temperature
+        return Job(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
+                   top_p=body.top_p if body.top_p is not None else 1.0, top_k=body.top_k or 0, seed=body.seed,
+                   stop=stop, speculative=body.speculative, cache_prompt=body.cache_prompt)
 
     async def _wait(job: Job, request: Request) -> JobResult:
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
         job.on_done = lambda: loop.call_soon_threadsafe(done.set)
-        _submit(job)
-        while not done.is_set():
-            try:
-                await asyncio.wait_for(done.wait(), 0.25)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    job.cancel()
+        engine.submit(job)
+        try:
+            while not done.is_set():
+                try:
+                    await asyncio.wait_for(done.wait(), 0.25)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        job.cancel()
+        except asyncio.CancelledError:  # the server gave up on this request: so does the model
+            job.cancel()
+            raise
         return _result(job)
 
-    def _submit(job: Job) -> None:
-        try:
-            engine.submit(job)
-        except EngineError as e:
-            raise _ApiError(503, str(e), "server_error") from None
-
     def _result(job: Job) -> JobResult:
+        if isinstance(job.error, EngineError):
+            raise job.error
         if job.error is not None:
-            if isinstance(job.error, EngineError):
-                status = 503 if "shutting down" in str(job.error) else 400
-                raise _ApiError(status, str(job.error), "server_error" if status == 503 else "invalid_request_error")
-            raise _ApiError(500, f"generation failed: {type(job.error).__name__}: {job.error}", "server_error")
+            raise EngineError(f"generation failed: {type(job.error).__name__}: {job.error}", status=500)
         return job.result
 
     def _usage(r: JobResult) -> dict:
@@ -266,12 +211,12 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
                 "total_tokens": r.n_prompt + r.n_tokens,
                 "prompt_tokens_details": {"cached_tokens": r.n_cached}}
 
-    def _stream(job: Job, request: Request, make_chunk, final_chunk):
+    def _stream(job: Job, make_chunk, final_chunk):
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         job.on_text = lambda text, drafted: loop.call_soon_threadsafe(q.put_nowait, (text, drafted))
         job.on_done = lambda: loop.call_soon_threadsafe(q.put_nowait, None)
-        _submit(job)
+        engine.submit(job)
 
         async def events():
             try:
@@ -282,9 +227,9 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
                         break
                     yield _sse(make_chunk(*item))
                 if job.error is not None:
-                    msg = (str(job.error) if isinstance(job.error, EngineError)
-                           else f"generation failed: {type(job.error).__name__}: {job.error}")
-                    yield _sse({"error": {"message": msg, "type": "server_error", "param": None, "code": None}})
+                    err = job.error if isinstance(job.error, EngineError) else EngineError(
+                        f"generation failed: {type(job.error).__name__}: {job.error}", status=500)
+                    yield _sse(error_body(err.message, err.type, err.param, err.code))
                 else:
                     yield _sse(final_chunk(job.result))
                 yield "data: [DONE]\n\n"
@@ -297,15 +242,14 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
+        if engine.closed:
+            raise ShuttingDownError("the server is shutting down")
         if isinstance(body.prompt, str):
             if not body.prompt:
-                raise _ApiError(400, "prompt is empty", param="prompt")
-            prompt = engine.tokenize(body.prompt)
+                raise RequestError("prompt is empty", param="prompt")
+            prompt = await asyncio.to_thread(engine.tokenize, check_text(body.prompt, "prompt"))
         else:
-            try:
-                prompt = engine.check_tokens(body.prompt)
-            except (EngineError, ValueError) as e:
-                raise _ApiError(400, str(e), param="prompt") from None
+            prompt = engine.check_tokens(body.prompt)
         job = _job(body, prompt, body.max_tokens, 16)
         rid = f"cmpl-{uuid.uuid4().hex}"
         now = int(time.time())
@@ -324,45 +268,51 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
                 return base({"index": 0, "text": "", "finish_reason": _finish(r), "logprobs": None},
                             {"usage": _usage(r), "ngramcache": r.figures()})
 
-            return _stream(job, request, chunk, final)
+            return _stream(job, chunk, final)
         r = await _wait(job, request)
         return base({"index": 0, "text": r.text, "finish_reason": _finish(r), "logprobs": None},
                     {"usage": _usage(r), "ngramcache": r.figures()})
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
+        if engine.closed:
+            raise ShuttingDownError("the server is shutting down")
         if engine.chat_template is None:
-            raise _ApiError(400, "this model has no chat template in its GGUF: give one with --chat-template-file, "
-                            "or use /v1/completions", param="messages")
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in body.messages]
+            raise RequestError("this model has no chat template in its GGUF: give one with --chat-template-file, "
+                               "or use /v1/completions", param="messages")
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(f"messages.{i}.content")}
+                    for i, m in enumerate(body.messages)]
         try:
-            text = engine.chat_template.render(messages)
-        except ValueError as e:
-            raise _ApiError(400, str(e), param="messages") from None
-        prompt = engine.tokenize(text)
+            prompt = await asyncio.to_thread(lambda: engine.tokenize(engine.chat_template.render(messages)))
+        except ValueError as e:  # the template's own refusal
+            raise RequestError(str(e), param="messages") from None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        job = _job(body, prompt, max_tokens, engine.n_ctx)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        now = int(time.time())
+        try:
+            job = _job(body, prompt, max_tokens, engine.n_ctx)
+            rid = f"chatcmpl-{uuid.uuid4().hex}"
+            now = int(time.time())
 
-        def base(choice, extra=None, object_="chat.completion") -> dict:
-            return _envelope(rid, object_, now, body.model or engine.model_name, choice, extra)
+            def base(choice, extra=None, object_="chat.completion") -> dict:
+                return _envelope(rid, object_, now, body.model or engine.model_name, choice, extra)
 
-        if body.stream:
-            def chunk(text, drafted):
-                if text is None:
-                    return base({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None},
-                                object_="chat.completion.chunk")
-                return base({"index": 0, "delta": {"content": text}, "finish_reason": None},
-                            {"ngramcache": {"from_draft": drafted}}, object_="chat.completion.chunk")
+            if body.stream:
+                def chunk(text, drafted):
+                    if text is None:
+                        return base({"index": 0, "delta": {"role": "assistant", "content": ""},
+                                     "finish_reason": None}, object_="chat.completion.chunk")
+                    return base({"index": 0, "delta": {"content": text}, "finish_reason": None},
+                                {"ngramcache": {"from_draft": drafted}}, object_="chat.completion.chunk")
 
-            def final(r: JobResult):
-                return base({"index": 0, "delta": {}, "finish_reason": _finish(r)},
-                            {"usage": _usage(r), "ngramcache": r.figures()}, object_="chat.completion.chunk")
+                def final(r: JobResult):
+                    return base({"index": 0, "delta": {}, "finish_reason": _finish(r)},
+                                {"usage": _usage(r), "ngramcache": r.figures()}, object_="chat.completion.chunk")
 
-            return _stream(job, request, chunk, final)
-        r = await _wait(job, request)
+                return _stream(job, chunk, final)
+            r = await _wait(job, request)
+        except EngineError as e:
+            if e.param == "prompt":  # the prompt of a chat is its messages
+                e.param = "messages"
+            raise
         return base({"index": 0, "message": {"role": "assistant", "content": r.text}, "finish_reason": _finish(r)},
                     {"usage": _usage(r), "ngramcache": r.figures()})
 

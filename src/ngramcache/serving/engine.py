@@ -1,394 +1,133 @@
 """Serving many requests with one model: the engine behind ``serve`` and ``chat``.
 
-* :class:`Memory` is what the drafters learn across requests: the dynamic n-gram cache
-  (``copy``, ``lookup``), the ngram-mod table (``mod``) and the suffix store
-  (``suffix``), all fed with every request's prompt and response, bounded by a token
-  budget (the oldest requests are forgotten first), saved to one file atomically.
-* :class:`Engine` owns a ``llama_cpp.Llama`` and runs :class:`Job` objects one at a time,
-  first come first served, on a worker thread: one decode at a time is what a CPU
-  can do. A job streams its text through a callback, can be cancelled at any step
-  (a client went away), and reuses the KV cache of the previous job for the prefix it
-  shares with it (the next turn of a chat decodes only the new tokens).
-* :class:`ChatTemplate` renders messages with the model's own chat template from its
-  GGUF metadata, through llama-cpp-python's Jinja2 formatter.
+:class:`Engine` runs :class:`~ngramcache.serving.jobs.Job` objects on a model
+(an ``ngramcache.decoding.loop.Backend``; a ``llama_cpp.Llama`` is used through
+``ngramcache.integrations.llama.LlamaBackend``) one at a time, first come first served,
+on a worker thread: one decode at a time is what a CPU can do. A job streams its text
+through a callback, can be cancelled at any step (a client went away, the server is
+shutting down), and reuses the KV cache of the previous job for the prefix it shares with
+it (the next turn of a chat decodes only the new tokens). The drafters share a
+:class:`~ngramcache.serving.memory.Memory` across jobs, saved between jobs and at
+``close``.
 
-No web framework here: ``ngramcache.serving.app`` puts an HTTP API on top.
+No web framework here: ``ngramcache.serving.app`` puts an HTTP API on top. The engine's
+errors are typed (``ngramcache.serving.errors``): each says which HTTP status answers it.
 """
 
 from __future__ import annotations
 
 import codecs
 import collections
-import hashlib
+import logging
 import os
 import queue
-import struct
 import threading
 import time
-import zlib
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from ngramcache._validate import as_tokens, check_int
-from ngramcache.cache import NgramCache
-from ngramcache._core import CacheFormatError
-from ngramcache.files import atomic_open
-from ngramcache.decoding.loop import PromptCache
-from ngramcache.drafters.llama_ngram import MOD_TABLE_SIZE, NgramModDrafter, NgramModTable
-from ngramcache.drafters.suffix import SuffixStore
+from ngramcache.decoding.loop import PromptCache, is_backend
+from ngramcache.serving.chat_template import ChatTemplate
+from ngramcache.serving.errors import (CancelledError, ContextOverflowError, EngineError, QueueFullError,
+                                       RequestError, ShuttingDownError)
+from ngramcache.serving.jobs import Job, JobResult
+from ngramcache.serving.memory import Memory, vocab_fingerprint
+from ngramcache.serving.stop_filter import StopFilter
 
-__all__ = ["Memory", "Engine", "Job", "JobResult", "ChatTemplate", "EngineError", "vocab_fingerprint"]
+__all__ = ["Engine", "resolve_speculative", "Memory", "Job", "JobResult", "ChatTemplate", "EngineError",
+           "vocab_fingerprint"]
 
-_MEM_MAGIC = b"NGSRVMEM"
-_MEM_VERSION = 1
-# magic, version, n_vocab, vocabulary fingerprint, n_requests, n_tokens, mod table slots
-_MEM_HEADER = struct.Struct("<8sII32sQQQ")
+log = logging.getLogger("ngramcache.serving")
 
-
-class EngineError(Exception):
-    """A request the engine cannot run as asked (the message says why)."""
-
-
-def vocab_fingerprint(backend) -> bytes:
-    """SHA-256 of every token's bytes: memory saved with one vocabulary is refused by
-    another (its token ids would mean other text)."""
-    h = hashlib.sha256()
-    for t in range(backend.n_vocab):
-        p = backend.piece(t)
-        h.update(struct.pack("<I", len(p)))
-        h.update(p)
-    return h.digest()
+_SPECULATIVE_FIELDS = ("enabled", "drafter", "n_draft")
+#: the drafters that read a static table (``static=``) and the memory's dynamic cache
+_STATIC_READERS = ("copy", "lookup")
 
 
-class Memory:
-    """What the drafters learn across requests, bounded by ``max_tokens`` tokens of
-    history (prompt + response of each request; the oldest requests are forgotten
-    first, and the dynamic cache is rebuilt from what is kept).
+def resolve_speculative(spec, drafter: str | None, n_draft: int) -> tuple[str | None, int]:
+    """(drafter name or None for plain decoding, longest draft) for a request's
+    ``speculative`` object on an engine whose defaults are ``drafter`` and ``n_draft``.
+    A bad object raises ``RequestError`` naming the field."""
+    from ngramcache.drafters.catalog import DRAFTERS
 
-    ``dynamic``: the n-gram counts of the history (llama.cpp's dynamic cache) for
-    ``copy`` and ``lookup``; ``suffix``: a ``SuffixStore`` of the history for
-    ``suffix``; ``mod``: an ``NgramModTable`` (fixed size) for ``mod``. Not thread-safe
-    on its own: the engine's worker is its only user.
-    """
-
-    def __init__(self, max_tokens: int = 1_000_000, mod_size: int = MOD_TABLE_SIZE, ngram_min: int = 1,
-                 ngram_max: int = 4):
-        self.max_tokens = check_int("max_tokens", max_tokens, 1)
-        self.ngram_min = ngram_min
-        self.ngram_max = ngram_max
-        self.dynamic = NgramCache()
-        self.suffix = SuffixStore(max_tokens=self.max_tokens)
-        self.mod = NgramModTable(mod_size)
-        self._history: collections.deque[np.ndarray] = collections.deque()
-        self._n_tokens = 0
-        self.learned = 0  # requests learned since start or load
-
-    @property
-    def n_tokens(self) -> int:
-        """Tokens of history kept."""
-        return self._n_tokens
-
-    @property
-    def n_requests(self) -> int:
-        """Requests kept."""
-        return len(self._history)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: the caches, the store, the table and the history."""
-        return int(self.dynamic.nbytes + self.suffix.nbytes + self.mod.nbytes + 4 * self._n_tokens)
-
-    def drafter_options(self, drafter: str) -> dict:
-        """The shared state drafter ``drafter`` reads, as its constructor's keywords."""
-        if drafter in ("copy", "lookup"):
-            return {"dynamic": self.dynamic}
-        if drafter == "suffix":
-            return {"store": self.suffix}
-        if drafter == "mod":
-            return {"table": self.mod}
-        return {}
-
-    def learn(self, tokens, mod_learned: bool = False) -> None:
-        """Remember one request (its prompt and response). ``mod_learned``: the request
-        was drafted with ngram-mod on this table, which learned it already."""
-        toks = as_tokens(tokens, "tokens").copy()
-        if toks.size == 0:
-            return
-        if toks.size > self.max_tokens:
-            toks = toks[-self.max_tokens:]
-        self._history.append(toks)
-        self._n_tokens += int(toks.size)
-        self.suffix.add(toks)
-        if not mod_learned:
-            NgramModDrafter(table=self.mod).reset(toks)
-        if self._n_tokens > self.max_tokens:
-            # forget down to 3/4 of the budget, so that the rebuild is paid once per
-            # quarter of the budget learned, not once per request
-            while self._history and self._n_tokens > self.max_tokens * 3 // 4:
-                self._n_tokens -= int(self._history.popleft().size)
-            self._rebuild_dynamic()
-        else:
-            self.dynamic.update(toks, self.ngram_min, self.ngram_max)
-        self.learned += 1
-
-    def _rebuild_dynamic(self) -> None:
-        self.dynamic.clear()
-        for toks in self._history:
-            self.dynamic.update(toks, self.ngram_min, self.ngram_max)
-
-    def clear(self) -> None:
-        """Forget everything."""
-        self._history.clear()
-        self._n_tokens = 0
-        self.dynamic.clear()
-        self.suffix.clear()
-        self.mod.reset()
-
-    def save(self, path: str | os.PathLike, n_vocab: int, fingerprint: bytes) -> None:
-        """Write the memory to ``path`` atomically (temp file, fsync, rename): a save
-        that is interrupted leaves the previous file whole. Format: ``NGSRVMEM``, version,
-        the vocabulary (size and fingerprint), each request's length, the tokens, the
-        ngram-mod slots, a CRC-32 of everything before it; little-endian."""
-        lengths = np.array([t.size for t in self._history], dtype="<u4")
-        tokens = np.concatenate(list(self._history)).astype("<i4") if self._history else np.zeros(0, "<i4")
-        slots = self.mod._core.entries().astype("<i4")
-        header = _MEM_HEADER.pack(_MEM_MAGIC, _MEM_VERSION, n_vocab, fingerprint, lengths.size, tokens.size,
-                                  slots.size)
-        crc = 0
-        with atomic_open(path, "wb") as f:
-            for part in (header, lengths.tobytes(), tokens.tobytes(), slots.tobytes()):
-                f.write(part)
-                crc = zlib.crc32(part, crc)
-            f.write(struct.pack("<I", crc))
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, n_vocab: int, fingerprint: bytes, max_tokens: int = 1_000_000,
-             ngram_min: int = 1, ngram_max: int = 4) -> "Memory":
-        """The memory saved at ``path``. A damaged, truncated or foreign file, or one
-        saved with another vocabulary, raises ``CacheFormatError`` naming the problem."""
-        name = os.fspath(path)
-        with open(name, "rb") as f:
-            data = f.read()
-        if len(data) < _MEM_HEADER.size + 4:
-            raise CacheFormatError(f"{name}: not a server memory file (truncated: {len(data)} bytes)")
-        magic, version, nv, fp, n_req, n_tok, n_slots = _MEM_HEADER.unpack_from(data)
-        if magic != _MEM_MAGIC:
-            raise CacheFormatError(f"{name}: not a server memory file (magic {magic!r}, expected {_MEM_MAGIC!r})")
-        if version != _MEM_VERSION:
-            raise CacheFormatError(f"{name}: memory file version {version} is not supported (this is {_MEM_VERSION})")
-        expected = _MEM_HEADER.size + 4 * (n_req + n_tok + n_slots) + 4
-        if len(data) != expected:
-            raise CacheFormatError(f"{name}: {len(data)} bytes, the header promises {expected} (truncated?)")
-        (crc,) = struct.unpack_from("<I", data, len(data) - 4)
-        if zlib.crc32(memoryview(data)[:-4]) != crc:
-            raise CacheFormatError(f"{name}: damaged memory file (checksum mismatch)")
-        if nv != n_vocab or fp != fingerprint:
-            raise CacheFormatError(f"{name}: saved with another model's vocabulary ({nv} tokens); "
-                                   f"this model has {n_vocab}: its token ids would mean other text")
-        if n_slots == 0:
-            raise CacheFormatError(f"{name}: the ngram-mod table has no slots")
-        off = _MEM_HEADER.size
-        lengths = np.frombuffer(data, dtype="<u4", count=n_req, offset=off).astype(np.int64)
-        off += 4 * n_req
-        tokens = np.frombuffer(data, dtype="<i4", count=n_tok, offset=off).astype(np.int32)
-        off += 4 * n_tok
-        slots = np.frombuffer(data, dtype="<i4", count=n_slots, offset=off).astype(np.int32)
-        if int(lengths.sum()) != n_tok:
-            raise CacheFormatError(f"{name}: request lengths add up to {int(lengths.sum())} tokens, not {n_tok}")
-        if n_tok and (int(tokens.min()) < 0 or int(tokens.max()) >= n_vocab):
-            raise CacheFormatError(f"{name}: token ids outside the vocabulary")
-        if int(slots.min()) < -1 or int(slots.max()) >= n_vocab:
-            raise CacheFormatError(f"{name}: ngram-mod slots hold ids outside the vocabulary")
-        mem = cls(max_tokens=max_tokens, mod_size=int(n_slots), ngram_min=ngram_min, ngram_max=ngram_max)
-        mem.mod._core.set_entries(slots)
-        ends = np.cumsum(lengths)
-        for end, n in zip(ends, lengths):
-            toks = tokens[end - n : end]
-            mem._history.append(toks)
-            mem._n_tokens += int(n)
-            mem.suffix.add(toks)
-        while mem._history and mem._n_tokens > mem.max_tokens:
-            mem._n_tokens -= int(mem._history.popleft().size)
-        mem._rebuild_dynamic()
-        return mem
-
-    def __repr__(self) -> str:
-        return f"<Memory {self.n_requests} requests, {self._n_tokens} tokens, {self.nbytes} bytes>"
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise RequestError(f"speculative must be an object, got {type(spec).__name__}", param="speculative")
+    unknown = sorted(set(spec) - set(_SPECULATIVE_FIELDS))
+    if unknown:
+        raise RequestError(f"speculative: unknown field(s) {', '.join(map(str, unknown))} "
+                           f"(known: {', '.join(_SPECULATIVE_FIELDS)})", param=f"speculative.{unknown[0]}")
+    enabled = spec.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise RequestError(f"speculative.enabled must be true or false, got {enabled!r}",
+                           param="speculative.enabled")
+    name = spec.get("drafter", drafter)
+    if name is not None and name not in DRAFTERS:
+        raise RequestError(f"speculative.drafter: unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}",
+                           param="speculative.drafter")
+    n = spec.get("n_draft", n_draft)
+    if n is None:
+        n = n_draft
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 256:
+        raise RequestError(f"speculative.n_draft must be an integer in [0, 256], got {n!r}",
+                           param="speculative.n_draft")
+    if not enabled or name is None or n == 0:
+        return None, 0
+    return name, n
 
 
-class ChatTemplate:
-    """Messages to a prompt with a model's own chat template (Jinja2, rendered by
-    llama-cpp-python's ``Jinja2ChatFormatter``, as its server does)."""
+def _llama_parts(llm, chat_template: ChatTemplate | None):
+    """(backend, tokenize, chat template) of a ``llama_cpp.Llama``: its LlamaBackend, and
+    text to ids with a BOS only where the text (a rendered template) has none."""
+    import ngramcache.integrations.llama as nl
 
-    def __init__(self, template: str, bos_token: str, eos_token: str):
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    backend = nl.LlamaBackend.of(llm)
+    template = chat_template if chat_template is not None else ChatTemplate.of(llm)
+    bos = template.bos_token if template is not None else ""
 
-        self.template = template
-        self.bos_token = bos_token
-        self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token)
+    def tokenize(text: str) -> np.ndarray:
+        add_bos = not (bos and text.startswith(bos))
+        return np.asarray(llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True), dtype=np.int32)
 
-    @classmethod
-    def of(cls, llm, template: str | None = None) -> "ChatTemplate | None":
-        """The template of ``llm``'s GGUF (``tokenizer.chat_template``) or ``template``;
-        None when the model has none."""
-        template = template or llm.metadata.get("tokenizer.chat_template")
-        if not template:
-            return None
-        model = llm._model
-
-        def text(tok: int) -> str:
-            return model.token_get_text(tok) if tok != -1 else ""
-
-        return cls(template, text(llm.token_bos()), text(llm.token_eos()))
-
-    def render(self, messages: list[dict]) -> str:
-        """The prompt for ``messages`` (``role`` and ``content`` each), ending where the
-        assistant's answer starts. A template error is a ValueError."""
-        try:
-            return self._formatter(messages=messages).prompt
-        except Exception as e:  # jinja2 errors and the template's own raise_exception
-            raise ValueError(f"the chat template cannot render these messages: {e}") from None
-
-
-# ---------------------------------------------------------------------------------
-# jobs
-
-
-@dataclass
-class JobResult:
-    """What a job produced: the text, the tokens, why it stopped (``finish_reason``:
-    "stop" for end of text or a stop string, "length", or "cancelled") and the
-    speculative figures."""
-
-    text: str
-    tokens: np.ndarray
-    n_prompt: int
-    n_cached: int
-    finish_reason: str
-    drafter: str | None
-    drafted: int
-    accepted: int
-    t_prompt: float
-    t_draft: float
-    t_verify: float
-    t_total: float
-    t_queue: float
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.tokens.size)
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    def figures(self) -> dict:
-        """The figures as JSON-ready numbers."""
-        gen = self.t_total - self.t_prompt
-        return {
-            "drafter": self.drafter, "drafted": self.drafted, "accepted": self.accepted,
-            "acceptance": round(self.acceptance, 4), "prompt_tokens_cached": self.n_cached,
-            "t_queue": round(self.t_queue, 6), "t_prompt": round(self.t_prompt, 6),
-            "t_draft": round(self.t_draft, 6), "t_verify": round(self.t_verify, 6),
-            "t_total": round(self.t_total, 6),
-            "tokens_per_s": round(self.n_tokens / gen, 3) if gen > 0 and self.n_tokens > 1 else None,
-        }
-
-
-@dataclass
-class Job:
-    """One request for the engine.
-
-    ``prompt``: token ids. ``on_text(text, from_draft)`` receives the text as it is
-    settled, in pieces, each marked whether its tokens came from accepted drafts
-    (called on the worker thread). ``speculative``: None for the engine's defaults, else
-    ``{"enabled": bool, "drafter": name, "n_draft": int}`` (any subset).
-    ``cache_prompt``: reuse the KV cache for the shared prefix (see docs/serve.md on
-    numerics). Wait for ``done`` (or be called back by ``on_done``, on the worker thread);
-    then read ``result`` or ``error``."""
-
-    prompt: np.ndarray
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    speculative: dict | None = None
-    cache_prompt: bool = True
-    learn: bool = True
-    on_text: Callable[[str, bool], None] | None = None
-    on_done: Callable[[], None] | None = None
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    result: JobResult | None = None
-    error: BaseException | None = None
-    submitted: float = field(default_factory=time.perf_counter)
-
-    def cancel(self) -> None:
-        """Stop at the next step (or never start)."""
-        self.cancelled.set()
-
-
-class _StopFilter:
-    """Holds back text that could be the start of a stop string; finds the first stop."""
-
-    def __init__(self, stops: list[str]):
-        self.stops = [s for s in stops if s]
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.pending = ""
-        self.text = []  # text let through
-        self.stopped = False
-
-    def feed(self, s: str) -> str:
-        """The part of ``s`` that is safe to hand out now."""
-        if self.stopped:
-            return ""
-        buf = self.pending + s
-        cut = min((i for i in (buf.find(st) for st in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped = True
-            self.pending = ""
-            out = buf[:cut]
-        elif self.hold and len(buf) > self.hold:
-            out, self.pending = buf[: -self.hold], buf[-self.hold :]
-        elif self.hold:
-            out, self.pending = "", buf
-        else:
-            out = buf
-        self.text.append(out)
-        return out
-
-    def flush(self) -> str:
-        out, self.pending = ("" if self.stopped else self.pending), ""
-        self.text.append(out)
-        return out
+    return backend, tokenize, template
 
 
 class Engine:
     """One model serving jobs in order (see the module's docstring).
 
-    ``drafter``: the default drafter's name (``ngramcache.drafters.catalog``); ``n_draft``: its
-    longest draft; ``drafter_options``: its options; ``adaptive``: draft lengths that
-    follow this model's verification costs (measured once, see
-    ``ngramcache.integrations.llama.verify_costs``); ``memory``: a :class:`Memory` the drafters share
-    across requests (None: each request drafts from itself alone);
+    ``model``: a ``Backend``, or a ``llama_cpp.Llama`` (its ``LlamaBackend``, its
+    tokenizer and the chat template of its GGUF). ``tokenize``: text to token ids
+    (default: the backend's). ``drafter``: the default drafter's name
+    (``ngramcache.drafters.catalog``); ``n_draft``: its longest draft;
+    ``drafter_options``: its options; ``adaptive``: draft lengths that follow this
+    model's verification costs (measured once, see
+    ``ngramcache.integrations.llama.verify_costs``); ``memory``: a :class:`Memory` the
+    drafters share across requests (None: each request drafts from itself alone);
     ``memory_path`` / ``save_every``: where and how often (seconds) the memory is saved
-    between jobs (and at ``close``)."""
+    between jobs (and at ``close``); ``static``: a static table (or ``NgramCache``) for
+    the drafters that read one; ``max_queue``: jobs that may wait (None: no bound)."""
 
-    def __init__(self, llm, *, model_name: str = "model", drafter: str | None = "copy", n_draft: int = 16,
-                 drafter_options: dict | None = None, adaptive: bool = True, memory: Memory | None = None,
-                 memory_path: str | os.PathLike | None = None, save_every: float | None = None,
-                 chat_template: ChatTemplate | None = None):
-        import ngramcache.integrations.llama as nl
+    def __init__(self, model, *, tokenize: Callable[[str], np.ndarray] | None = None, model_name: str = "model",
+                 drafter: str | None = "copy", n_draft: int = 16, drafter_options: dict | None = None,
+                 adaptive: bool = True, memory: Memory | None = None, memory_path: str | os.PathLike | None = None,
+                 save_every: float | None = None, chat_template: ChatTemplate | None = None, static=None,
+                 max_queue: int | None = None):
         from ngramcache.drafters.catalog import DRAFTERS
 
         if drafter is not None and drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
-        self.llm = llm
-        self.backend = nl.LlamaBackend.of(llm)
+        self.llm = None
+        if is_backend(model):
+            self.backend = model
+            self.chat_template = chat_template
+            self._tokenize = tokenize or model.tokenize
+        else:
+            self.llm = model
+            self.backend, llama_tokenize, self.chat_template = _llama_parts(model, chat_template)
+            self._tokenize = tokenize or llama_tokenize
         self.model_name = model_name
         self.drafter = drafter
         self.n_draft = check_int("n_draft", n_draft, 0, 256)
@@ -396,20 +135,26 @@ class Engine:
         self.memory = memory
         self.memory_path = None if memory_path is None else os.fspath(memory_path)
         self.save_every = save_every
-        self.chat_template = chat_template if chat_template is not None else ChatTemplate.of(llm)
+        self.static = static
+        self.max_queue = check_int("max_queue", max_queue, 1, none_ok=True)
         self.prompt_cache = PromptCache()
         self.costs = None
         self.temperature = 0.0  # for requests that give none
-        if adaptive:
-            self.costs = nl.verify_costs(llm, max_batch=min(self.n_draft + 1, self.backend.n_batch)) if self.n_draft else None
+        if adaptive and self.n_draft:
+            from ngramcache.integrations.llama import verify_costs
+
+            self.costs = verify_costs(self.llm if self.llm is not None else self.backend,
+                                      max_batch=min(self.n_draft + 1, self.backend.n_batch))
         self._fingerprint: bytes | None = None
         self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._submit_lock = threading.Lock()  # closing and queueing, one at a time
         self._lock = threading.Lock()  # the counters
         self.counters = collections.Counter()
         self.seconds = collections.Counter()
         self.running: Job | None = None
         self.saves = 0
         self.save_errors: list[str] = []
+        self.last_save_error: str | None = None  # of the latest save, None once one succeeds
         self._last_save = time.monotonic()
         self._worker = threading.Thread(target=self._work, name="ngramcache-engine", daemon=True)
         self._closed = False
@@ -426,32 +171,62 @@ class Engine:
         """Jobs waiting (not counting the running one)."""
         return self._queue.qsize()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the engine refuses new jobs (``close`` was called)."""
+        return self._closed
+
     def fingerprint(self) -> bytes:
+        """The vocabulary's fingerprint (``vocab_fingerprint``), computed once."""
         if self._fingerprint is None:
             self._fingerprint = vocab_fingerprint(self.backend)
         return self._fingerprint
 
-    def tokenize(self, text: str, special: bool = True) -> np.ndarray:
+    def tokenize(self, text: str) -> np.ndarray:
         """Text to token ids (BOS added where the model wants one and the text has none)."""
-        bos = self.chat_template.bos_token if self.chat_template is not None else ""
-        add_bos = not (bos and text.startswith(bos))
-        return np.asarray(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special),
-                          dtype=np.int32)
+        return np.asarray(self._tokenize(text), dtype=np.int32)
 
     def check_tokens(self, tokens) -> np.ndarray:
-        """Token ids from a request, checked against the vocabulary."""
-        arr = as_tokens(tokens, "prompt")
+        """Token ids from a request, checked against the vocabulary (``RequestError``)."""
+        try:
+            arr = as_tokens(tokens, "prompt")
+        except (TypeError, ValueError) as e:
+            raise RequestError(str(e), param="prompt") from None
         if arr.size and int(arr.max()) >= self.backend.n_vocab:
-            raise EngineError(f"prompt: token id {int(arr.max())} is beyond the vocabulary ({self.backend.n_vocab})")
+            raise RequestError(f"prompt: token id {int(arr.max())} is beyond the vocabulary "
+                               f"({self.backend.n_vocab})", param="prompt")
         return arr
 
+    def check(self, job: Job) -> None:
+        """Raise the ``EngineError`` that ``submit`` would for ``job``, and settle its
+        drafting (``job.plan``)."""
+        if not isinstance(job, Job):
+            raise TypeError(f"job must be a Job, got {type(job).__name__}")
+        n = int(job.prompt.size)
+        if n == 0:
+            raise RequestError("the prompt is empty", param="prompt")
+        if n >= self.n_ctx:
+            raise ContextOverflowError(f"the prompt has {n} tokens; the context holds {self.n_ctx}", param="prompt")
+        if isinstance(job.max_tokens, bool) or not isinstance(job.max_tokens, int) or job.max_tokens < 0:
+            raise RequestError(f"max_tokens must be an integer >= 0, got {job.max_tokens!r}", param="max_tokens")
+        if n + job.max_tokens > self.n_ctx:
+            raise ContextOverflowError(f"max_tokens {job.max_tokens} + {n} prompt tokens exceed the context of "
+                                       f"{self.n_ctx} tokens", param="max_tokens")
+        job.plan = resolve_speculative(job.speculative, self.drafter, self.n_draft)
+
     def submit(self, job: Job) -> Job:
-        """Queue ``job`` (it runs after every job queued before it)."""
-        if self._closed:
-            raise EngineError("the server is shutting down")
-        self._check(job)
-        job.submitted = time.perf_counter()
-        self._queue.put(job)
+        """Check ``job`` and queue it (it runs after every job queued before it).
+        Raises ``RequestError`` for a job that cannot run, ``ShuttingDownError`` once the
+        engine is closing, ``QueueFullError`` when ``max_queue`` jobs wait already."""
+        self.check(job)
+        with self._submit_lock:
+            if self._closed:
+                raise ShuttingDownError("the server is shutting down")
+            if self.max_queue is not None and self._queue.qsize() >= self.max_queue:
+                raise QueueFullError(f"{self._queue.qsize()} requests are waiting already (the most "
+                                     f"this server queues); try again later")
+            job.submitted = time.perf_counter()
+            self._queue.put(job)
         return job
 
     def run(self, job: Job, timeout: float | None = None) -> JobResult:
@@ -464,22 +239,44 @@ class Engine:
             raise job.error
         return job.result
 
-    def close(self, timeout: float | None = None) -> None:
-        """Finish the running job, cancel the queued ones, save the memory (if a path
-        was given), stop the worker."""
-        if self._closed:
-            return
-        self._closed = True
+    def close(self, drain: float | None = None, timeout: float | None = None) -> bool:
+        """Refuse new jobs and answer the queued ones with ``ShuttingDownError``; let the
+        running job finish for up to ``drain`` seconds (None: as long as it takes), then
+        stop it with ``ShuttingDownError``; stop the worker, which saves the memory (if it
+        has a path). True once the worker has stopped; False if it did not within
+        ``timeout`` seconds after the drain (then the memory is not saved: logged)."""
+        with self._submit_lock:
+            first = not self._closed
+            self._closed = True
+            if first:
+                self._refuse_queued()
+                self._queue.put(None)
+        self._worker.join(drain)
+        if self._worker.is_alive():
+            stop = ShuttingDownError(f"the server is shutting down: the request was stopped after {drain:g} s")
+            t_end = None if timeout is None else time.monotonic() + timeout
+            # the running job, whichever it is by now, stops at its next step
+            while self._worker.is_alive() and (t_end is None or time.monotonic() < t_end):
+                job = self.running
+                if job is not None:
+                    job.cancel(stop)
+                self._worker.join(0.05)
+        if self._worker.is_alive():
+            log.error("the engine did not stop within %s s of the drain: the memory is not saved", timeout)
+            return False
+        return True
+
+    def _refuse_queued(self) -> None:
+        waiting = []
         while True:
             try:
-                j = self._queue.get_nowait()
+                waiting.append(self._queue.get_nowait())
             except queue.Empty:
                 break
+        for j in waiting:
             if j is not None:
                 j.cancel()
-                self._finish(j, error=EngineError("the server is shutting down"))
-        self._queue.put(None)
-        self._worker.join(timeout)
+                self._finish(j, error=ShuttingDownError("the server is shutting down"))
 
     def save_memory(self) -> bool:
         """Save the memory now, on the calling thread: call it only when no job runs
@@ -491,47 +288,11 @@ class Engine:
         self._last_save = time.monotonic()
         return True
 
-    # -- the worker ---------------------------------------------------------------------
-
-    def _check(self, job: Job) -> None:
-        if not isinstance(job, Job):
-            raise TypeError(f"job must be a Job, got {type(job).__name__}")
-        n = int(job.prompt.size)
-        if n == 0:
-            raise EngineError("the prompt is empty")
-        if n >= self.n_ctx:
-            raise EngineError(f"the prompt has {n} tokens; the context holds {self.n_ctx}")
-        if job.max_tokens < 0:
-            raise EngineError("max_tokens must be >= 0")
-        if n + job.max_tokens > self.n_ctx:
-            raise EngineError(f"max_tokens {job.max_tokens} + {n} prompt tokens exceed the context of "
-                              f"{self.n_ctx} tokens")
-        self._speculative(job)  # its errors, now rather than on the worker
-
-    def _speculative(self, job: Job) -> tuple[str | None, int]:
-        from ngramcache.drafters.catalog import DRAFTERS
-
-        spec = job.speculative or {}
-        unknown = set(spec) - {"enabled", "drafter", "n_draft"}
-        if unknown:
-            raise EngineError(f"speculative: unknown field(s) {', '.join(sorted(unknown))} "
-                              "(known: enabled, drafter, n_draft)")
-        enabled = spec.get("enabled", True)
-        if not isinstance(enabled, bool):
-            raise EngineError("speculative.enabled must be true or false")
-        name = spec.get("drafter", self.drafter)
-        if name is not None and name not in DRAFTERS:
-            raise EngineError(f"speculative.drafter: unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
-        n_draft = spec.get("n_draft", self.n_draft)
-        if isinstance(n_draft, bool) or not isinstance(n_draft, int) or not 0 <= n_draft <= 256:
-            raise EngineError(f"speculative.n_draft must be an integer in [0, 256], got {n_draft!r}")
-        if not enabled or name is None or n_draft == 0:
-            return None, 0
-        return name, n_draft
-
-    def _make_drafter(self, name: str, n_draft: int):
-        from ngramcache.drafters.catalog import make_drafter
+    def make_drafter(self, name: str, n_draft: int):
+        """The drafter ``name`` as a job gets it: the engine's options when ``name`` is its
+        default drafter, the memory's shared state, the static table, the adaptive gate."""
         from ngramcache.decoding.gate import AdaptiveGate
+        from ngramcache.drafters.catalog import make_drafter
 
         gate = None
         if self.costs is not None:
@@ -543,12 +304,26 @@ class Engine:
         opts = dict(self.drafter_opts) if name == self.drafter else {}
         if self.memory is not None:
             opts.update(self.memory.drafter_options(name))
+        if self.static is not None and name in _STATIC_READERS:
+            opts["static"] = self.static
         return make_drafter(name, n_draft=n_draft, gate=gate, **opts)
+
+    _make_drafter = make_drafter  # the name the command line's engine builder calls
+
+    def snapshot(self) -> tuple[dict, dict]:
+        """(counters, seconds) so far, copied."""
+        with self._lock:
+            return dict(self.counters), dict(self.seconds)
+
+    # -- the worker ---------------------------------------------------------------------
+
+    def _saving(self) -> bool:
+        return bool(self.save_every) and self.memory is not None and self.memory_path is not None
 
     def _work(self) -> None:
         while True:
             timeout = None
-            if self.save_every and self.memory is not None and self.memory_path is not None:
+            if self._saving():
                 timeout = max(0.05, self.save_every - (time.monotonic() - self._last_save))
             try:
                 job = self._queue.get(timeout=timeout)
@@ -558,8 +333,7 @@ class Engine:
                 break
             if job is not False:
                 self._run(job)
-            if (self.save_every and self.memory is not None and self.memory_path is not None
-                    and time.monotonic() - self._last_save >= self.save_every and self.memory.learned):
+            if self._saving() and time.monotonic() - self._last_save >= self.save_every and self.memory.learned:
                 self._save_quietly()
         if self.memory is not None and self.memory_path is not None:
             self._save_quietly()
@@ -567,9 +341,12 @@ class Engine:
     def _save_quietly(self) -> None:
         try:
             self.save_memory()
-        except OSError as e:  # a full disk must not stop the server; the old file is intact
-            self.save_errors.append(str(e))
+            self.last_save_error = None
+        except Exception as e:  # a full disk must not stop the worker; the old file is intact
+            self.last_save_error = str(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+            self.save_errors.append(self.last_save_error)
             self._last_save = time.monotonic()
+            log.error("memory not saved to %s: %s", self.memory_path, self.last_save_error)
 
     def _finish(self, job: Job, result: JobResult | None = None, error: BaseException | None = None) -> None:
         job.result = result
@@ -584,13 +361,14 @@ class Engine:
         t_queue = time.perf_counter() - job.submitted
         if job.cancelled.is_set():
             self._count(cancelled=1)
-            self._finish(job, error=EngineError("cancelled before it started"))
+            self._finish(job, error=job.cancel_error or CancelledError("cancelled before it started"))
             return
         self.running = job
         try:
-            name, n_draft = self._speculative(job)
-            drafter = self._make_drafter(name, n_draft) if name is not None else None
-            stops = _StopFilter(job.stop)
+            name, n_draft = job.plan if job.plan is not None else resolve_speculative(
+                job.speculative, self.drafter, self.n_draft)
+            drafter = self.make_drafter(name, n_draft) if name is not None else None
+            stops = StopFilter(job.stop)
             dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
             piece, is_eog = self.backend.piece, self.backend.is_eog
             emit = job.on_text
@@ -613,6 +391,10 @@ class Engine:
                            prompt_cache=self.prompt_cache if job.cache_prompt else None)
             if not job.cache_prompt:
                 self.prompt_cache.clear()  # the KV cache now holds this request, untracked
+            if job.cancel_error is not None:
+                self._count(cancelled=1)
+                self._finish(job, error=job.cancel_error)
+                return
             tail = stops.feed(dec.decode(b"", final=True)) + stops.flush()
             if tail and emit is not None:
                 emit(tail, False)
@@ -656,8 +438,3 @@ class Engine:
                 s["draft"] += result.t_draft
                 s["verify"] += result.t_verify
                 s["total"] += result.t_total
-
-    def snapshot(self) -> tuple[dict, dict]:
-        """(counters, seconds) so far, copied."""
-        with self._lock:
-            return dict(self.counters), dict(self.seconds)
