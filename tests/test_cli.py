@@ -24,7 +24,7 @@ def test_no_command_prints_help(capsys):
     assert rc == 2 and "create" in out and "merge" in out and "convert" in out and "info" in out
 
 
-COMMAND_NAMES = ("create", "merge", "convert", "info", "stats", "generate", "demo")
+COMMAND_NAMES = ("create", "merge", "convert", "info", "stats", "generate", "demo", "serve", "chat")
 
 
 @pytest.mark.parametrize("argv", [[]] + [[c] for c in COMMAND_NAMES])
@@ -32,11 +32,81 @@ def test_every_help(capsys, argv):
     rc, out, err = run_cli(capsys, *argv, "--help")
     assert rc == 0 and err == ""
     assert out.startswith("usage: ngramcache" + (f" {argv[0]}" if argv else ""))
-    if argv:  # the output flags are declared once, for every command
+    if argv and argv[0] != "serve":  # the output flags are declared once, for every command that prints results
         assert "--json" in out and "-q, --quiet" in out
 
 
+def test_version_is_the_installed_packages(capsys):
+    import importlib.metadata
+    import tomllib
+
+    import ngramcache
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    installed = importlib.metadata.version("ngramcache")
+    assert ngramcache.__version__ == installed == pyproject["project"]["version"]
+    for flag in ("--version", "-V"):
+        rc, out, err = run_cli(capsys, flag)
+        assert (rc, out, err) == (0, f"ngramcache {installed}\n", "")
+
+
+def test_top_help_lists_the_everyday_commands_first_one_line_each(capsys):
+    from ngramcache.cli.main import EVERYDAY, build_parser
+
+    rc, out, err = run_cli(capsys, "--help")
+    assert rc == 0 and out.startswith("usage: ngramcache [-h] [-V] COMMAND ...\n")
+    assert max(map(len, out.splitlines())) <= 80
+    names = list(build_parser()._subparsers._group_actions[0].choices)
+    listed = [line.split()[0] for line in out.splitlines()
+              if line.startswith("  ") and line.split()[0] in names]
+    assert sorted(listed) == sorted(names)  # every command, once
+    assert listed[:len(EVERYDAY)] == list(EVERYDAY) == ["demo", "generate", "serve", "chat"]
+    for line in out.splitlines():
+        if line.startswith("  ") and line.split()[0] in names:
+            assert len(line.split()) > 3, line  # a description on the same line
+
+
+def test_one_default_model_named_with_its_reason(capsys):
+    from ngramcache.cli.main import build_parser
+    from ngramcache.models import DEFAULT_MODEL, DEFAULT_MODEL_REASON, DEMO_MODEL
+
+    parser = build_parser()
+    for command in ("generate", "serve", "chat"):
+        args = parser.parse_args([command, "-p", "x"] if command == "generate" else [command])
+        assert args.model == DEFAULT_MODEL, command
+        rc, out, err = run_cli(capsys, command, "--help")
+        assert f"(default: {DEFAULT_MODEL}," in out and DEFAULT_MODEL_REASON.split(",")[0] in " ".join(out.split())
+    assert parser.parse_args(["demo"]).model == DEMO_MODEL
+    # the model that chat needs: one with a chat template (Gemma 3 270M has none)
+    assert DEFAULT_MODEL == "smollm2"
+
+
+def test_stats_and_generate_help_say_what_opening_a_cache_checks(capsys):
+    for command in ("stats", "generate"):
+        rc, out, err = run_cli(capsys, command, "--help")
+        text = " ".join(out.split())
+        assert "checks its header and section bounds, not its contents" in text
+        assert "'ngramcache info --verify FILE'" in text
+    rc, out, err = run_cli(capsys, "stats", "--help")
+    assert "--drafter lookup and --spec-draft-n-max 3, are llama-lookup-stats' own" in " ".join(out.split())
+
+
 # --- errors and exit status ------------------------------------------------------------
+
+def test_an_unusable_input_is_one_line_and_a_hint_not_the_usage(tmp_path, capsys, vectors_dir):
+    short = tmp_path / "short.i32"
+    np.fromfile(vectors_dir / "prose.tokens.i32", dtype="<i4")[:100].tofile(short)
+    rc, out, err = run_cli(capsys, "stats", "--tokens", short, "-c", "512")
+    assert (rc, out) == (2, "")
+    assert err.splitlines() == [
+        "ngramcache stats: error: the input has 100 tokens, too few to replay: stats needs more than one chunk "
+        "of -c 512 tokens (at least 513); use a longer text or a smaller -c",
+        "try 'ngramcache stats --help'"]
+    # a bad flag still shows the usage
+    rc, out, err = run_cli(capsys, "stats", "--tokens", short, "-c", "1")
+    assert rc == 2 and err.startswith("usage: ngramcache stats ") and "-c/--ctx-size must be >= 2" in err
+
+
 
 def test_usage_errors_exit_2(tmp_path, capsys, vectors_dir):
     toks = vectors_dir / "prose.tokens.i32"
@@ -142,7 +212,7 @@ def test_interrupt_and_broken_pipe(capsys, monkeypatch):
 
     monkeypatch.setattr(info, "run", interrupted)
     rc, out, err = run_cli(capsys, "info", "x.bin")
-    assert rc == 130 and err == "interrupted\n"
+    assert rc == 130 and err == "ngramcache info: interrupted\n"
     monkeypatch.setattr(info, "run", broken)
     stdout = sys.stdout
     try:

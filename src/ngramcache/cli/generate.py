@@ -23,6 +23,11 @@ right (measured once per model and kept in ~/.cache/ngramcache); --fixed-draft a
 drafts up to --spec-draft-n-max tokens, as llama-lookup does. --drafter chooses what drafts
 (docs/drafters.md); -lcs and -lcd apply to the lookup and copy drafters.
 
+-lcs: opening a .ngst checks its header and section bounds, not its contents, so a file
+damaged past its header still opens (and drafts what it holds); a lookup.bin is read whole
+and its structure checked, but it has no checksum. 'ngramcache info --verify FILE' checks
+every section's checksum of a .ngst.
+
 examples:
   python -m ngramcache generate -p "def fib(n):" -n 64
   python -m ngramcache generate -m model.gguf -f prompt.txt -lcs corpus.ngst -lcd dyn.bin --color

@@ -1,4 +1,5 @@
-"""`python -m ngramcache <command>`: mirrors llama.cpp's lookup tools.
+"""`python -m ngramcache <command>`: the everyday commands (demo, generate, serve, chat)
+and tools that mirror llama.cpp's lookup tools.
 
 Each command is a module of ``ngramcache.cli`` with ``add_parser(subparsers)``; its
 ``run(args)`` returns the exit status or raises, and :func:`main` turns every exception
@@ -12,20 +13,42 @@ import importlib
 import os
 import sys
 
-from ngramcache.cli._common import RunError, UsageError
+from ngramcache.cli._common import InputError, RunError, UsageError
 
-COMMANDS = ("create", "merge", "convert", "info", "stats", "generate", "demo", "serve", "chat")
+# The order of `ngramcache --help`: the everyday commands, then the tools.
+COMMANDS = ("demo", "generate", "serve", "chat", "create", "merge", "convert", "info", "stats")
+EVERYDAY = ("demo", "generate", "serve", "chat")
+
+DESCRIPTION = "Draft-free speculative decoding with llama.cpp-compatible n-gram caches."
+EPILOG = """\
+'ngramcache COMMAND --help' describes a command, docs/cli.md all of them.
+exit status: 0 ok, 1 a failure (one line on stderr says what), 2 bad arguments
+or an unusable input, 130 interrupted."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ngramcache",
-        description="Draft-free speculative decoding with llama.cpp-compatible n-gram caches.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from ngramcache import __version__
+
+    parser = argparse.ArgumentParser(prog="ngramcache", usage="%(prog)s [-h] [-V] COMMAND ...", epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-V", "--version", action="version", version=f"ngramcache {__version__}")
+    # The command list is printed by the description below, grouped, one line a command.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS, prog="ngramcache")
     for name in COMMANDS:
-        importlib.import_module(f"ngramcache.cli.{name}").add_parser(sub)
+        importlib.import_module(f"ngramcache.cli.{name.replace('-', '_')}").add_parser(sub)
+    parser.description = DESCRIPTION + "\n\n" + _command_list(sub.choices)
     return parser
+
+
+def _command_list(parsers: dict) -> str:
+    width = max(map(len, parsers))
+
+    def block(title, names):
+        return title + "\n" + "".join(f"  {n:<{width}}  {parsers[n].get_default('summary')}\n" for n in names)
+
+    rest = [n for n in parsers if n not in EVERYDAY]
+    return (block("everyday commands:", [n for n in EVERYDAY if n in parsers]) + "\n"
+            + block("tools:", rest)).rstrip("\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,11 +59,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.run(args) or 0)
+    except InputError as e:
+        # The flags were fine: their usage would only bury the one line that matters.
+        status = _fail(args, str(e), 2)
+        print(f"try 'ngramcache {args.command} --help'", file=sys.stderr)
+        return status
     except UsageError as e:
         args._parser.print_usage(sys.stderr)
         return _fail(args, str(e), 2)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"ngramcache {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         _drop_stdout()  # the reader left (e.g. `| head`): nothing more to tell anyone

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ngramcache.cli._common import (RunError, Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser,
+from ngramcache.cli._common import (InputError, RunError, Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser,
                       emit, note)
 from ngramcache.cli._drafters import add_drafter_flags, build_drafter, drafter_options
 from ngramcache.cli._inputs import add_text_input, check_text_input, read_text_input
@@ -12,7 +12,7 @@ from ngramcache.cli._inputs import add_text_input, check_text_input, read_text_i
 DEFAULT_N_CTX = 4096
 DEFAULT_N_DRAFT = 3  # llama.cpp's --spec-draft-n-max default since 2026-05-19
 
-HELP = "replay a text and report how well lookup drafting would do (llama-lookup-stats)"
+HELP = "measure drafting on a text, offline (llama-lookup-stats)"
 DESCRIPTION = ("Measure n-gram lookup drafting on a text, offline: llama-lookup-stats' numbers and more.")
 
 EPILOG = """\
@@ -26,6 +26,16 @@ from, acceptance by draft position, overlap, timings and memory.
 --drafter NAME replays another drafter the same way, in C++ (each chunk is a request; what
 the drafter keeps across requests carries over), so that drafters can be compared on one
 text: acceptance, drafted tokens, the accepted-length histogram and us per drafted token.
+
+The defaults, --drafter lookup and --spec-draft-n-max 3, are llama-lookup-stats' own, on
+purpose: the figures compare with llama.cpp's. generate, serve and chat draft with copy, up
+to 16 tokens, of which adaptive drafting verifies only what pays on the model; give
+--drafter copy --spec-draft-n-max 16 to see what they would draft.
+
+-lcs and -lcd: opening a .ngst checks its header and section bounds, not its contents, so
+a file damaged past its header opens and replays (exit status 0); a lookup.bin is read
+whole and its structure checked, but it has no checksum. 'ngramcache info --verify FILE'
+checks every section's checksum of a .ngst.
 
 examples:
   python -m ngramcache stats -m SmolLM2.gguf -f prose.txt -c 4096 --spec-draft-n-max 8
@@ -89,7 +99,7 @@ def run(args) -> int:
         note(args, f"tokenized {', '.join(args.files)}: {len(tokens):,} tokens in {fmt_seconds(timer.total)}")
     n_ctx, n_input = args.ctx_size, len(tokens)
     if n_input <= n_ctx:
-        raise UsageError(f"the input has {n_input:,} tokens, too few to replay: stats needs more than one "
+        raise InputError(f"the input has {n_input:,} tokens, too few to replay: stats needs more than one "
                          f"chunk of -c {n_ctx} tokens (at least {n_ctx + 1}); use a longer text or a smaller -c")
 
     dynamic = args.lookup_cache_dynamic
