@@ -222,9 +222,10 @@ def test_prompt_cache_serves_the_next_turn_from_the_kv_cache(server):
     ({"prompt": [1, 2, 10**9], "max_tokens": 3}, 400, "prompt"),
     ({"prompt": [1, -2], "max_tokens": 3}, 400, "prompt"),
     ({"prompt": "x", "n": 2}, 422, "n"),
-    ({"prompt": "x", "speculative": {"drafter": "nope"}}, 400, "speculative"),
-    ({"prompt": "x", "speculative": {"n_draft": 1000}}, 422, None),
-    ({"prompt": "x", "speculative": {"colour": "red"}}, 422, None),
+    ({"prompt": "x", "speculative": {"drafter": "nope"}}, 400, "speculative.drafter"),
+    ({"prompt": "x", "speculative": {"n_draft": 1000}}, 400, "speculative.n_draft"),
+    ({"prompt": "x", "speculative": {"colour": "red"}}, 400, "speculative.colour"),
+    ({"prompt": "x", "speculative": "copy"}, 422, "speculative"),
     ({"prompt": "x", "temperature": -1}, 422, "temperature"),
 ])
 def test_bad_completion_requests_get_openai_errors(server, body, status, param):
@@ -248,8 +249,9 @@ def test_bad_json_and_chat_errors(server):
     c = server.client()
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
-    with pytest.raises(openai.BadRequestError, match="context"):
+    with pytest.raises(openai.BadRequestError, match="context") as e:
         _chat(c, [{"role": "user", "content": "hi"}], max_tokens=CTX)
+    assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "max_tokens"
     # the server still answers after every error
     assert _chat(c, [{"role": "user", "content": "hi"}], max_tokens=3).usage.completion_tokens <= 3
 

@@ -17,7 +17,6 @@ errors are typed (``ngramcache.serving.errors``): each says which HTTP status an
 from __future__ import annotations
 
 import codecs
-import collections
 import logging
 import os
 import queue
@@ -32,8 +31,10 @@ from ngramcache.decoding.loop import PromptCache, is_backend
 from ngramcache.serving.chat_template import ChatTemplate
 from ngramcache.serving.errors import (CancelledError, ContextOverflowError, EngineError, QueueFullError,
                                        RequestError, ShuttingDownError)
+from ngramcache.serving.drafting import resolve_speculative
 from ngramcache.serving.jobs import Job, JobResult
 from ngramcache.serving.memory import Memory, vocab_fingerprint
+from ngramcache.serving.metrics import Tally
 from ngramcache.serving.stop_filter import StopFilter
 
 __all__ = ["Engine", "resolve_speculative", "Memory", "Job", "JobResult", "ChatTemplate", "EngineError",
@@ -41,42 +42,8 @@ __all__ = ["Engine", "resolve_speculative", "Memory", "Job", "JobResult", "ChatT
 
 log = logging.getLogger("ngramcache.serving")
 
-_SPECULATIVE_FIELDS = ("enabled", "drafter", "n_draft")
 #: the drafters that read a static table (``static=``) and the memory's dynamic cache
 _STATIC_READERS = ("copy", "lookup")
-
-
-def resolve_speculative(spec, drafter: str | None, n_draft: int) -> tuple[str | None, int]:
-    """(drafter name or None for plain decoding, longest draft) for a request's
-    ``speculative`` object on an engine whose defaults are ``drafter`` and ``n_draft``.
-    A bad object raises ``RequestError`` naming the field."""
-    from ngramcache.drafters.catalog import DRAFTERS
-
-    if spec is None:
-        spec = {}
-    if not isinstance(spec, dict):
-        raise RequestError(f"speculative must be an object, got {type(spec).__name__}", param="speculative")
-    unknown = sorted(set(spec) - set(_SPECULATIVE_FIELDS))
-    if unknown:
-        raise RequestError(f"speculative: unknown field(s) {', '.join(map(str, unknown))} "
-                           f"(known: {', '.join(_SPECULATIVE_FIELDS)})", param=f"speculative.{unknown[0]}")
-    enabled = spec.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise RequestError(f"speculative.enabled must be true or false, got {enabled!r}",
-                           param="speculative.enabled")
-    name = spec.get("drafter", drafter)
-    if name is not None and name not in DRAFTERS:
-        raise RequestError(f"speculative.drafter: unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}",
-                           param="speculative.drafter")
-    n = spec.get("n_draft", n_draft)
-    if n is None:
-        n = n_draft
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 256:
-        raise RequestError(f"speculative.n_draft must be an integer in [0, 256], got {n!r}",
-                           param="speculative.n_draft")
-    if not enabled or name is None or n == 0:
-        return None, 0
-    return name, n
 
 
 def _llama_parts(llm, chat_template: ChatTemplate | None):
@@ -148,9 +115,7 @@ class Engine:
         self._fingerprint: bytes | None = None
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._submit_lock = threading.Lock()  # closing and queueing, one at a time
-        self._lock = threading.Lock()  # the counters
-        self.counters = collections.Counter()
-        self.seconds = collections.Counter()
+        self.tally = Tally()
         self.running: Job | None = None
         self.saves = 0
         self.save_errors: list[str] = []
@@ -312,8 +277,7 @@ class Engine:
 
     def snapshot(self) -> tuple[dict, dict]:
         """(counters, seconds) so far, copied."""
-        with self._lock:
-            return dict(self.counters), dict(self.seconds)
+        return self.tally.snapshot()
 
     # -- the worker ---------------------------------------------------------------------
 
@@ -360,7 +324,7 @@ class Engine:
 
         t_queue = time.perf_counter() - job.submitted
         if job.cancelled.is_set():
-            self._count(cancelled=1)
+            self.tally.count(cancelled=1)
             self._finish(job, error=job.cancel_error or CancelledError("cancelled before it started"))
             return
         self.running = job
@@ -392,7 +356,7 @@ class Engine:
             if not job.cache_prompt:
                 self.prompt_cache.clear()  # the KV cache now holds this request, untracked
             if job.cancel_error is not None:
-                self._count(cancelled=1)
+                self.tally.count(cancelled=1)
                 self._finish(job, error=job.cancel_error)
                 return
             tail = stops.feed(dec.decode(b"", final=True)) + stops.flush()
@@ -410,31 +374,11 @@ class Engine:
                                t_verify=res.t_verify, t_total=res.t_total, t_queue=t_queue)
             if self.memory is not None and job.learn and reason != "cancelled":
                 self.memory.learn(np.concatenate([job.prompt, res.tokens]), mod_learned=name == "mod")
-            self._count(result=result)
+            self.tally.count(result=result)
             self._finish(job, result=result)
         except BaseException as e:  # the job's error, never the worker's end
             self.prompt_cache.clear()
-            self._count(failed=1)
+            self.tally.count(failed=1)
             self._finish(job, error=e)
         finally:
             self.running = None
-
-    def _count(self, result: JobResult | None = None, cancelled: int = 0, failed: int = 0) -> None:
-        with self._lock:
-            c = self.counters
-            c["requests"] += 1
-            c["cancelled"] += cancelled
-            c["failed"] += failed
-            if result is not None:
-                c["cancelled"] += result.finish_reason == "cancelled"
-                c["prompt_tokens"] += result.n_prompt
-                c["prompt_tokens_cached"] += result.n_cached
-                c["tokens"] += result.n_tokens
-                c["drafted"] += result.drafted
-                c["accepted"] += result.accepted
-                s = self.seconds
-                s["queue"] += result.t_queue
-                s["prompt"] += result.t_prompt
-                s["draft"] += result.t_draft
-                s["verify"] += result.t_verify
-                s["total"] += result.t_total

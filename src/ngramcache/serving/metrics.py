@@ -1,8 +1,11 @@
-"""The engine's counters in Prometheus' text format."""
+"""The engine's counters and clocks (:class:`Tally`), and their Prometheus text."""
 
 from __future__ import annotations
 
-__all__ = ["metrics_text"]
+import collections
+import threading
+
+__all__ = ["metrics_text", "Tally"]
 
 
 def metrics_text(engine) -> bytes:
@@ -42,3 +45,39 @@ def metrics_text(engine) -> bytes:
     registry = CollectorRegistry()
     registry.register(_Collector())
     return generate_latest(registry)
+
+
+class Tally:
+    """The engine's counters (requests, tokens, drafts) and clocks (seconds), updated by
+    its worker and read by ``/metrics``: thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.counters: collections.Counter = collections.Counter()
+        self.seconds: collections.Counter = collections.Counter()
+
+    def count(self, result=None, cancelled: int = 0, failed: int = 0) -> None:
+        """One request ended: with its ``JobResult``, or cancelled, or failed."""
+        with self._lock:
+            c = self.counters
+            c["requests"] += 1
+            c["cancelled"] += cancelled
+            c["failed"] += failed
+            if result is not None:
+                c["cancelled"] += result.finish_reason == "cancelled"
+                c["prompt_tokens"] += result.n_prompt
+                c["prompt_tokens_cached"] += result.n_cached
+                c["tokens"] += result.n_tokens
+                c["drafted"] += result.drafted
+                c["accepted"] += result.accepted
+                s = self.seconds
+                s["queue"] += result.t_queue
+                s["prompt"] += result.t_prompt
+                s["draft"] += result.t_draft
+                s["verify"] += result.t_verify
+                s["total"] += result.t_total
+
+    def snapshot(self) -> tuple[dict, dict]:
+        """(counters, seconds) so far, copied."""
+        with self._lock:
+            return dict(self.counters), dict(self.seconds)

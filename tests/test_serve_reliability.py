@@ -1,0 +1,237 @@
+"""`ngramcache serve` under what goes wrong, each against a real server process on
+127.0.0.1 with the packaged SmolLM2: text that is not text, huge and oversized bodies,
+SIGTERM in the middle of requests, a memory file of another model, a static table that is
+damaged. Every wait is bounded."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from test_serve import CTX, Server, _chat
+
+pytestmark = pytest.mark.model
+
+LONG = 1500  # tokens: far longer than any drain these tests allow
+
+
+def _post_raw(url: str, body: bytes, timeout: float = 120) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        with e:  # its socket, closed now rather than by the garbage collector
+            return e.code, e.read()
+
+
+def _events(raw: bytes) -> list:
+    """The server-sent events of a stream: JSON objects, and "[DONE]"."""
+    out = []
+    for line in raw.decode().splitlines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--no-memory", "--max-body-bytes", str(12 * 1024 * 1024))
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": "a\ud800b", "max_tokens": 2}, "prompt"),
+    ("/v1/completions", {"prompt": "a\ud800b", "max_tokens": 2, "stream": True}, "prompt"),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": 2, "stop": ["\udfff"]}, "stop.0"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi \ud800"}], "max_tokens": 2},
+     "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"},
+                                           {"role": "user", "content": [{"type": "text", "text": "\udc00"}]}],
+                              "max_tokens": 2, "stream": True}, "messages.1.content.0.text"),
+])
+def test_a_lone_surrogate_is_a_400_naming_the_field(server, path, body, param):
+    raw = json.dumps(body)  # ensure_ascii: the surrogate travels as \\udXXX, as JSON allows
+    assert "\\ud" in raw
+    status, err = server.post(path, raw.encode())
+    assert status == 400, err
+    assert err["error"]["param"] == param and err["error"]["code"] == "invalid_unicode"
+    assert err["error"]["type"] == "invalid_request_error" and "surrogate" in err["error"]["message"]
+    assert _chat(server.client(), [{"role": "user", "content": "hi"}], max_tokens=2).choices[0].message.content
+
+
+def test_health_answers_at_once_while_a_10_mb_prompt_is_tokenized(server):
+    prompt = ("The quick brown fox jumps over the lazy dog. " * 230_000)[:10_000_000]
+    result = {}
+
+    def send():
+        result["status"], result["body"] = _post_raw(server.url + "/v1/completions",
+                                                     json.dumps({"prompt": prompt, "max_tokens": 1}).encode(), 300)
+
+    t = threading.Thread(target=send)
+    t.start()
+    time.sleep(1.0)  # the body is in and being tokenized (seconds for 10 MB)
+    slowest = 0.0
+    polls = 0
+    while t.is_alive() and polls < 20:
+        t0 = time.monotonic()
+        assert json.loads(server.get("/health"))["status"] == "ok"
+        slowest = max(slowest, time.monotonic() - t0)
+        polls += 1
+        time.sleep(0.1)
+    t.join(300)
+    assert polls >= 3, "the prompt was tokenized too fast to tell"
+    assert slowest < 0.5, f"/health took {slowest:.2f} s while a prompt was tokenized"
+    err = json.loads(result["body"])["error"]
+    assert result["status"] == 400 and err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+
+
+def _raw_post(url: str, head_fields: str, parts=()) -> tuple[int, dict]:
+    """POST /v1/completions over a socket: the head, then ``parts`` as sent (a client
+    that stops sending and reads the answer, so that what it reads is the server's)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"{head_fields}\r\n".encode())
+        for part in parts:
+            sock.sendall(part)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    return int(head.split()[1]), json.loads(body)
+
+
+def _length(data: bytes) -> int:
+    for line in data.split(b"\r\n\r\n", 1)[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 1 << 30
+
+
+def test_a_body_over_max_body_bytes_is_a_413(server):
+    limit = 12 * 1024 * 1024
+    # by its Content-Length, before a byte of it is read (the client waits for 100-continue)
+    status, body = _raw_post(server.url, f"Content-Length: {limit + 1}\r\nExpect: 100-continue\r\n")
+    err = body["error"]
+    assert status == 413 and set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == "request_too_large" and f"{limit} bytes" in err["message"]
+    # without a Content-Length (chunked): refused as soon as it passes the limit
+    mib = b"x" * (1 << 20)
+    parts = [b"%x\r\n%s\r\n" % (len(mib), mib)] * 12 + [b"5\r\nxxxxx\r\n"]
+    status, body = _raw_post(server.url, "Transfer-Encoding: chunked\r\n", parts)
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    # a body under the limit is read as usual
+    status, body = _raw_post(server.url, "Content-Length: 2\r\n", [b"{}"])
+    assert status == 422 and body["error"]["param"] == "prompt"
+    assert json.loads(server.get("/health"))["status"] == "ok"
+
+
+def _long(stream: bool) -> bytes:
+    return json.dumps({"prompt": "Count from one to one thousand in words: one, two,", "max_tokens": LONG,
+                       "temperature": 0, "stream": stream, "speculative": {"enabled": False},
+                       "cache_prompt": False}).encode()
+
+
+@pytest.mark.parametrize("running_streams", [False, True])
+def test_sigterm_stops_the_running_request_answers_every_one_and_saves_the_memory(tmp_path, running_streams):
+    path = tmp_path / "memory.bin"
+    s = Server("--memory", str(path), "--shutdown-timeout", "1")
+    answers: dict[str, tuple[int, bytes]] = {}
+    try:
+        _chat(s.client(), [{"role": "user", "content": "Say hi."}], max_tokens=8)  # something to remember
+
+        def send(name, body):
+            answers[name] = _post_raw(s.url + "/v1/completions", body, timeout=120)
+
+        threads = [threading.Thread(target=send, args=("running", _long(running_streams)))]
+        threads[0].start()
+        deadline = time.monotonic() + 60
+        while not json.loads(s.get("/health"))["busy"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for name, stream in (("queued", False), ("queued_stream", True)):
+            threads.append(threading.Thread(target=send, args=(name, _long(stream))))
+            threads[-1].start()
+        while json.loads(s.get("/health"))["queued"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert json.loads(s.get("/health"))["queued"] == 2
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        rc = s.proc.wait(60)
+        took = time.monotonic() - t0
+    finally:
+        s.stop(signal.SIGKILL)
+    assert not any(t.is_alive() for t in threads)
+    assert rc in (0, -signal.SIGTERM) and took < 20, (rc, took)
+    errors = {}
+    for name in ("running", "queued", "queued_stream"):
+        status, raw = answers[name]
+        if name == "queued" or (name == "running" and not running_streams):
+            errors[name] = json.loads(raw)["error"]
+            assert status == 503, name
+        else:  # a stream is 200 from its first byte: the error is its last event before [DONE]
+            events = _events(raw)
+            assert status == 200 and events[-1] == "[DONE]", name
+            errors[name] = events[-2]["error"]
+        assert errors[name]["code"] == "shutting_down" and errors[name]["type"] == "server_error", name
+    # the running request had its second of grace; the queued ones were refused at once
+    assert "stopped after 1 s" in errors["running"]["message"]
+    assert "stopped" not in errors["queued"]["message"] and "stopped" not in errors["queued_stream"]["message"]
+    log = "".join(s.log)
+    assert f"memory saved to {path}" in log, log
+
+
+def test_a_memory_file_of_another_model_is_refused_as_such(tmp_path):
+    from ngramcache.serving import Memory
+
+    path = tmp_path / "memory.bin"
+    mem = Memory(max_tokens=1000, mod_size=64)
+    mem.learn(np.arange(50, dtype=np.int32))
+    mem.save(path, 262144, bytes(32))  # an intact file, for another vocabulary
+    r = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "--port", "0", "-c", str(CTX),
+                        "--memory", str(path)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "server memory made for another vocabulary" in r.stderr and "damaged" not in r.stderr, r.stderr
+
+
+def test_a_static_table_is_checked_once_at_start(tmp_path):
+    from ngramcache import StaticTable
+
+    table = tmp_path / "corpus.ngst"
+    tokens = (np.arange(20_000, dtype=np.int32) * 7919) % 5000
+    StaticTable.build(tokens, 2).save(table)
+    s = Server("--no-memory", "-lcs", str(table))
+    try:
+        r = _chat(s.client(), [{"role": "user", "content": "hi"}], max_tokens=4)
+        assert r.choices[0].message.content
+    finally:
+        s.stop()
+    assert any("static table" in line and "checked in" in line for line in s.log), s.log
+    data = bytearray(table.read_bytes())
+    data[-100] ^= 0xFF  # inside the last section: only a whole check finds it
+    table.write_bytes(bytes(data))
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "--port", "0", "-lcs",
+                        str(table)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "checksum" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 60
+    r = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "--drafter", "suffix", "-lcs", str(table)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "-lcs applies to --drafter copy or lookup" in r.stderr
