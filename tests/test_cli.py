@@ -191,14 +191,16 @@ def test_runtime_errors_generate_demo(tmp_path, capsys):
         (["demo", "-m", tmp_path / "missing.gguf"], 1, "missing.gguf: model file not found"),
         (["generate", "-f", tmp_path / "nofile.txt"], 1, "nofile.txt: No such file or directory"),
         (["demo", "-f", tmp_path / "nofile.txt"], 1, "nofile.txt: No such file or directory"),
-        # -f drops one trailing newline, as llama.cpp does: nothing is left
-        (["generate", "-f", tmp_path / "empty.txt"], 2, "the prompt is empty"),
     ]
     for argv, code, msg in cases:
         rc, out, err = run_cli(capsys, *argv)
         assert rc == code and out == "", (argv, err)
         assert err.splitlines()[-1] == f"ngramcache {argv[0]}: error: {msg}" or msg in err.splitlines()[-1], err
         assert "Traceback" not in err
+    # -f drops one trailing newline, as llama.cpp does: nothing is left, an unusable input
+    rc, out, err = run_cli(capsys, "generate", "-f", tmp_path / "empty.txt")
+    assert (rc, out) == (2, "")
+    assert err.splitlines() == ["ngramcache generate: error: the prompt is empty", "try 'ngramcache generate --help'"]
 
 
 def test_interrupt_and_broken_pipe(capsys, monkeypatch):

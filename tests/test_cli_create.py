@@ -16,6 +16,7 @@ import ngramcache
 from conftest import canonical_bytes, canonical_sha, cache_stats, needs_static, run_cli, run_json
 from ngramcache import NgramCache
 from ngramcache.corpus.tokenizers import tokenize_files
+from test_cli import tiny_hf_json  # noqa: F401 (a fixture)
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 
@@ -184,3 +185,14 @@ def test_save_tokens_with_tokens_writes_a_raw_copy(tmp_path):
     assert r.returncode == 2 and "would overwrite the input" in r.stderr
     r = _create("--tokens", npy, "--save-tokens", tmp_path / "o.ngst", "-lcs", tmp_path / "o.ngst", "-q")
     assert r.returncode == 2 and "name the same file" in r.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux's /proc/self/mem")
+def test_an_unreadable_input_is_named(tmp_path, capsys, tiny_hf_json):
+    good = tmp_path / "a.txt"
+    good.write_text("hello world\n")
+    rc, out, err = run_cli(capsys, "create", "--tokenizer", tiny_hf_json, "-f", good, "-f", "/proc/self/mem",
+                           "-lcs", tmp_path / "o.ngst")
+    assert (rc, out) == (1, "")
+    assert err == "ngramcache create: error: /proc/self/mem: Input/output error\n"
+    assert not (tmp_path / "o.ngst").exists()

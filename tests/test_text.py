@@ -3,6 +3,8 @@ the check for code points above U+10FFFF with its byte offset, and split_pieces.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -203,3 +205,22 @@ def test_split_pieces_degenerate():
     text = b"aaaa\nbbbb\ncccc\ndddd"
     pieces = TX.split_pieces(text, 6)
     assert b"".join(pieces) == text and pieces == [b"aaaa\n", b"bbbb\n", b"cccc\n", b"dddd"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs Linux's /proc/self/mem")
+def test_a_failed_read_names_the_file():
+    # /proc/self/mem opens but cannot be read at offset 0: the OS's error has no file name
+    with pytest.raises(OSError) as e:
+        TX.read_input("/proc/self/mem")
+    assert e.value.filename == "/proc/self/mem" and e.value.errno == 5
+    with pytest.raises(OSError, match="/proc/self/mem"):
+        TX.read_text_file("/proc/self/mem")
+
+
+def test_read_input_whole_or_a_head(tmp_path):
+    p = tmp_path / "a.txt"
+    p.write_bytes(b"hello\n")
+    assert TX.read_input(p) == b"hello\n" and TX.read_input(p, 1) == b"h"
+    with pytest.raises(FileNotFoundError) as e:
+        TX.read_input(tmp_path / "missing.txt")
+    assert e.value.filename == str(tmp_path / "missing.txt")

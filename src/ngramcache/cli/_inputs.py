@@ -3,7 +3,7 @@ declared once so that the same flag means the same thing in every command."""
 
 from __future__ import annotations
 
-from ngramcache.cli._common import RunError, UsageError, check_ranges, note
+from ngramcache.cli._common import InputError, RunError, UsageError, check_ranges, note
 
 NO_ESCAPE_HELP = "do not process escape sequences (\\n, \\t, \\xHH ...) in the text (llama.cpp's --no-escape)"
 
@@ -135,5 +135,5 @@ def read_prompt(args) -> bytes | None:
     else:
         return None
     if not prompt:
-        raise UsageError("the prompt is empty")
+        raise InputError("the prompt is empty")
     return prompt
