@@ -19,6 +19,7 @@ disk by ``verify_costs``) and the drafter that uses them (``adaptive_drafter``).
 from __future__ import annotations
 
 import abc
+import contextlib
 import ctypes
 import json
 import os
@@ -42,6 +43,8 @@ except ImportError:  # the loop still runs on any Backend; real models need the 
 import ngramcache.decoding.loop as generation
 
 import ngramcache.models as models
+from ngramcache.integrations import exactness
+from ngramcache.integrations.exactness import ExactnessReport, check_exact, no_weight_repacking
 from ngramcache._validate import as_tokens, check_int
 from ngramcache.drafters.base import Drafter, DraftStats
 from ngramcache.files import atomic_open
@@ -52,6 +55,7 @@ __all__ = [
     "LlamaDrafter", "generate", "stream", "make_llama", "check_llama", "default_threads",
     "verify_costs", "calibrate", "adaptive_drafter", "load_costs", "store_costs", "cost_store_path",
     "LlamaBackend", "CountingDraftModel", "generate_llama_cpp",
+    "check_exact", "ExactnessReport", "no_weight_repacking",
 ]
 
 #: at most this many threads by default: more rarely help a small model
@@ -74,7 +78,7 @@ def default_threads() -> int:
 
 def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int = 512,
                n_threads: int | None = None, n_threads_batch: int | None = None,
-               verbose: bool = False, **kwargs) -> "llama_cpp.Llama":
+               verbose: bool = False, exact: bool = True, **kwargs) -> "llama_cpp.Llama":
     """A ``llama_cpp.Llama`` configured for speculative decoding.
 
     ``drafter``: a ``LlamaDraftModel`` (e.g. ``LlamaDrafter``) or any ``Drafter``
@@ -96,6 +100,12 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     Threads: llama-cpp-python defaults to ``n_threads = cpu_count // 2`` but
     ``n_threads_batch = cpu_count``, which makes batches look cheaper than single
     tokens; both default here to the usable cores (at most 8).
+
+    Exact kernels (``exact=True``, the default): the weights are loaded without repacking
+    and ggml's tiled matmul is switched off for the process before the first model loads
+    (``ngramcache.integrations.exactness``), so that a batch's logits equal single-token
+    logits bit for bit and speculative output equals plain decoding (docs/exactness.md).
+    ``exact=False`` loads with llama-cpp-python's own defaults.
     """
     _need_llama()
     path = models.model_path(model_path)
@@ -120,8 +130,11 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     n_threads_batch = n_threads_batch or n_threads
     from llama_cpp._utils import suppress_stdout_stderr
 
+    if exact:
+        exactness.exact_kernels()
     # llama.cpp prints a few lines while loading even with verbose=False
-    with suppress_stdout_stderr(disable=verbose):
+    with suppress_stdout_stderr(disable=verbose), \
+            exactness.no_weight_repacking() if exact else contextlib.nullcontext():
         return llama_cpp.Llama(model_path=path, draft_model=drafter, n_ctx=n_ctx, n_batch=n_batch,
                                n_threads=n_threads, n_threads_batch=n_threads_batch, verbose=verbose,
                                **kwargs)

@@ -1,0 +1,367 @@
+"""Whether llama.cpp gives a model the same logits for a token decoded alone and in a batch.
+
+Speculative decoding verifies drafted tokens in one batched forward pass, so its greedy output
+equals plain one-token-at-a-time decoding exactly when every logits row of a batch is bitwise
+the row of a single-token decode. llama.cpp's CPU backend guarantees that only when none of
+its batch-size-dependent kernels runs (docs/exactness.md):
+
+* the llamafile sgemm kernels: a build option, ``-DGGML_LLAMAFILE=OFF`` when llama-cpp-python
+  is compiled (``build_info()["llamafile"]`` tells whether it was);
+* weight repacking (``llama_model_params.use_extra_bufts``): switched off for every model
+  ngramcache loads (:func:`no_weight_repacking`);
+* the tiled K-quant matmul taken at 8 or more rows: environment variable
+  ``GGML_CPU_TILED_MM=0``, which ggml reads once per process, at its first matrix product
+  (:func:`exact_kernels`, called before every model ngramcache loads).
+
+:func:`check_exact` measures it for a loaded model (decodes a fixed prompt both ways and
+compares the rows) and keeps the answer on disk per model file, build, threads and settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+from importlib import resources
+
+import numpy as np
+
+__all__ = ["ExactnessReport", "check_exact", "measure_exactness", "exact_kernels", "no_weight_repacking",
+           "weight_repacking", "build_info", "exactness_store_path", "TILED_MM_ENV"]
+
+#: ggml's switch for its tiled K-quant matrix product (a batch of >= 8 rows takes another
+#: summation order than a single row)
+TILED_MM_ENV = "GGML_CPU_TILED_MM"
+
+#: rows compared by the check: tokens greedily decoded one at a time after the prompt
+CHECK_TOKENS = 48
+#: the check's batch size: the tiled path starts at 8 rows, and ngramcache verifies 2-17
+CHECK_CHUNK = 8
+_STORE_VERSION = "v1"
+
+_tiled_state: str | None = None  # "off", "on" or "unsure", once decided for this process
+_lock = threading.Lock()
+
+
+class ExactnessWarning(UserWarning):
+    """ngramcache could not make llama.cpp's kernels batch-size independent."""
+
+
+def _any_model_loaded_before() -> bool:
+    if "llama_cpp" not in sys.modules:
+        return False  # no llama.cpp model can have run a matrix product yet
+    llama_cpp = sys.modules["llama_cpp"]
+    llama_cls = getattr(llama_cpp, "Llama", None)
+    flag = getattr(llama_cls, "_Llama__backend_initialized", None)
+    if isinstance(flag, bool):
+        return flag  # set by the first Llama ever constructed in this process
+    internals = sys.modules.get("llama_cpp._internals")
+    ctx_cls = getattr(internals, "LlamaContext", None)
+    return ctx_cls is not None and any(isinstance(o, ctx_cls) for o in gc.get_objects())
+
+
+def exact_kernels() -> str:
+    """Switch off ggml's tiled K-quant matmul for this process (``GGML_CPU_TILED_MM=0``)
+    unless the environment already sets it, and say whether it is in force: ``"off"`` (it
+    is), ``"on"`` (the environment asks for it: respected) or ``"unsure"`` (set here after a
+    model of llama-cpp-python was already loaded in this process; ggml reads it once, at its
+    first matrix product, so it may come too late: an ``ExactnessWarning`` says so once).
+    Call it before creating a ``Llama`` yourself; ``make_llama`` does."""
+    global _tiled_state
+    with _lock:
+        if _tiled_state is not None:
+            return _tiled_state
+        value = os.environ.get(TILED_MM_ENV)
+        if value is not None:
+            try:
+                _tiled_state = "off" if int(value) == 0 else "on"
+            except ValueError:  # ggml reads it with atoi: not a number means 0
+                _tiled_state = "off"
+            return _tiled_state
+        late = _any_model_loaded_before()
+        os.environ[TILED_MM_ENV] = "0"
+        _tiled_state = "unsure" if late else "off"
+    if late:
+        warnings.warn(
+            f"{TILED_MM_ENV}=0 was set after a llama-cpp-python model was loaded in this process; llama.cpp "
+            "reads it once, at its first matrix product, so batched and single-token logits may still differ. "
+            f"Set {TILED_MM_ENV}=0 in the environment before starting Python, or create models with "
+            "ngramcache.llama.make_llama first", ExactnessWarning, stacklevel=2)
+    return _tiled_state
+
+
+def _reset_for_tests() -> None:
+    global _tiled_state
+    with _lock:
+        _tiled_state = None
+
+
+@contextlib.contextmanager
+def no_weight_repacking():
+    """Within this block, every ``llama_cpp.Llama`` created loads its weights as stored
+    (``llama_model_params.use_extra_bufts = False``): the CPU backend otherwise repacks
+    quantized weights into interleaved layouts whose kernels sum in another order for a
+    batch than for one row. llama-cpp-python 0.3.36 has no argument for it and fills its
+    model parameters from ``llama_model_default_params()`` inside ``Llama.__init__``, so
+    that function is what this block replaces (for all threads, hence the lock)::
+
+        with ngramcache.llama.no_weight_repacking():
+            llm = Llama(model_path, ...)
+    """
+    import llama_cpp.llama_cpp as low
+
+    with _lock:
+        default = low.llama_model_default_params
+
+        def unrepacked():
+            params = default()
+            params.use_extra_bufts = False
+            return params
+
+        low.llama_model_default_params = unrepacked
+        try:
+            yield
+        finally:
+            low.llama_model_default_params = default
+
+
+def weight_repacking(llm) -> bool:
+    """Whether ``llm`` (a ``llama_cpp.Llama``) was loaded with weight repacking allowed."""
+    params = getattr(llm, "model_params", None)
+    return bool(getattr(params, "use_extra_bufts", True))
+
+
+def build_info() -> dict:
+    """The llama.cpp build behind llama-cpp-python: its version, ggml's CPU feature line,
+    whether the llamafile kernels are compiled in, and a fingerprint of the shared
+    libraries (a rebuild with other options changes it)."""
+    import llama_cpp
+
+    system = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
+    lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    try:
+        libs = sorted(n for n in os.listdir(lib) if ".so" in n or n.endswith((".dylib", ".dll")))
+        stats = [(n, os.stat(os.path.join(lib, n))) for n in libs]
+        fingerprint = ";".join(f"{n}:{st.st_size}:{st.st_mtime_ns}" for n, st in stats if not os.path.islink(
+            os.path.join(lib, n)))
+    except OSError:
+        fingerprint = "unknown"
+    return {"llama_cpp_python": llama_cpp.__version__, "system_info": system,
+            "llamafile": "LLAMAFILE = 1" in system, "libraries": fingerprint}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactnessReport:
+    """One model's batched logits against its single-token logits.
+
+    ``rows``: logits rows compared (tokens greedily decoded one at a time after a fixed
+    prompt, then the same tokens decoded again in batches of ``chunk``); ``rows_equal``:
+    rows bitwise equal; ``max_abs_diff``: the largest difference of one logit;
+    ``first_argmax_flip``: the first row whose top token differs (None: none does);
+    ``exact``: every row equal. The settings it was measured under follow, and ``causes``
+    lists the known batch-size-dependent paths that were on."""
+
+    model: str
+    rows: int
+    rows_equal: int
+    max_abs_diff: float
+    first_argmax_flip: int | None
+    chunk: int
+    n_threads: int
+    n_threads_batch: int
+    weight_repacking: bool
+    tiled_mm: str
+    llamafile: bool
+    flash_attn: bool
+    seconds: float
+    cached: bool = False
+
+    @property
+    def exact(self) -> bool:
+        return self.rows > 0 and self.rows_equal == self.rows
+
+    @property
+    def verdict(self) -> str:
+        return "exact" if self.exact else "not exact"
+
+    @property
+    def causes(self) -> list[str]:
+        out = []
+        if self.llamafile:
+            out.append("llama.cpp was built with its llamafile kernels (rebuild llama-cpp-python with "
+                       "CMAKE_ARGS=-DGGML_LLAMAFILE=OFF)")
+        if self.weight_repacking:
+            out.append("the model was loaded with weight repacking (load it with make_llama, or inside "
+                       "ngramcache.llama.no_weight_repacking())")
+        if self.tiled_mm != "off":
+            out.append(f"ggml's tiled matmul may be on ({TILED_MM_ENV} {self.tiled_mm}; set {TILED_MM_ENV}=0 "
+                       "before the first model is loaded)")
+        if self.flash_attn:
+            out.append("flash attention is on (create the Llama with flash_attn=False)")
+        return out
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(exact=self.exact, verdict=self.verdict, causes=self.causes)
+        return d
+
+
+def check_prompt() -> str:
+    """The check's fixed prompt (about 600 tokens of prose and a question), shipped with
+    the package so that every machine measures the same thing."""
+    return resources.files("ngramcache").joinpath("data/exact_check.txt").read_text(encoding="utf-8")
+
+
+def _settings(llm) -> dict:
+    import llama_cpp
+
+    ctx = llm._ctx.ctx
+    cp = llm.context_params
+    return {"n_threads": int(llama_cpp.llama_n_threads(ctx)), "n_threads_batch": int(llama_cpp.llama_n_threads_batch(ctx)),
+            "weight_repacking": weight_repacking(llm),
+            "flash_attn": int(cp.flash_attn_type) == int(llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED)}
+
+
+def measure_exactness(llm, prompt=None, n_tokens: int = CHECK_TOKENS, chunk: int = CHECK_CHUNK) -> ExactnessReport:
+    """Decode ``n_tokens`` greedily one at a time after ``prompt`` (default: the shipped
+    check prompt), decode the same tokens again in batches of ``chunk`` after the same
+    prompt, and compare the logits rows. Clears ``llm``'s KV cache. A few seconds for the
+    packaged models."""
+    from ngramcache._validate import check_int
+    from ngramcache.integrations.llama import LlamaBackend
+
+    n_tokens = check_int("n_tokens", n_tokens, 1)
+    chunk = check_int("chunk", chunk, 1)
+    t0 = time.perf_counter()
+    tiled = exact_kernels()
+    m = LlamaBackend.of(llm)
+    chunk = min(chunk, m.n_batch)
+    toks = m.tokenize(check_prompt() if prompt is None else prompt)
+    room = m.n_ctx - n_tokens - 1
+    if room < 2:
+        raise ValueError(f"n_ctx {m.n_ctx} leaves no room for a prompt before {n_tokens} tokens")
+    if toks.size > room:  # keep the first token (BOS) and the end of the prompt
+        toks = np.concatenate([toks[:1], toks[toks.size - room + 1:]])
+    n_prompt = int(toks.size)
+
+    def prefill() -> np.ndarray:
+        m.clear()
+        for s in range(0, n_prompt, m.n_batch):
+            part = toks[s : s + m.n_batch]
+            m.decode(part, s, len(part) - 1 if s + len(part) == n_prompt else len(part))
+        return m.logits(len(part) - 1)
+
+    try:
+        generated = [int(np.argmax(prefill()))]
+        single = np.empty((n_tokens, m.n_vocab), dtype=np.float32)
+        for i in range(n_tokens):
+            m.decode(generated[i : i + 1], n_prompt + i, 0)
+            single[i] = m.logits(0)
+            generated.append(int(np.argmax(single[i])))
+        if m.can_keep(n_prompt):  # the prompt's KV entries are the same: no second prefill
+            m.truncate(n_prompt)
+        else:
+            prefill()
+        batched = np.empty_like(single)
+        for s in range(0, n_tokens, chunk):
+            part = generated[s : min(s + chunk, n_tokens)]
+            m.decode(part, n_prompt + s, 0)
+            for j in range(len(part)):
+                batched[s + j] = m.logits(j)
+    finally:
+        m.clear()
+    same = (single.view(np.uint32) == batched.view(np.uint32)).all(axis=1)
+    flips = np.nonzero(single.argmax(axis=1) != batched.argmax(axis=1))[0]
+    with np.errstate(invalid="ignore"):
+        diff = float(np.nanmax(np.abs(single - batched)))
+    s = _settings(llm)
+    return ExactnessReport(model=str(llm.model_path), rows=n_tokens, rows_equal=int(same.sum()),
+                           max_abs_diff=diff, first_argmax_flip=int(flips[0]) if flips.size else None, chunk=chunk,
+                           n_threads=s["n_threads"], n_threads_batch=s["n_threads_batch"],
+                           weight_repacking=s["weight_repacking"], tiled_mm=tiled,
+                           llamafile=build_info()["llamafile"], flash_attn=s["flash_attn"],
+                           seconds=round(time.perf_counter() - t0, 3))
+
+
+# ---------------------------------------------------------------------------------
+# The answers, kept on disk beside the verification costs
+
+
+def exactness_store_path() -> str:
+    """``exactness.json`` in the folder of ``cost_store_path()`` ($NGRAMCACHE_CACHE_DIR,
+    else ``ngramcache`` under $XDG_CACHE_HOME or ~/.cache)."""
+    from ngramcache.integrations.llama import cost_store_path
+
+    return os.path.join(os.path.dirname(cost_store_path()), "exactness.json")
+
+
+def _store_key(llm, tiled: str) -> str:
+    path = os.path.abspath(llm.model_path)
+    st = os.stat(path)
+    s = _settings(llm)
+    b = build_info()
+    cp = llm.context_params
+    return "|".join([_STORE_VERSION, path, str(st.st_size), str(st.st_mtime_ns), b["llama_cpp_python"], b["libraries"],
+                     f"t{s['n_threads']}", f"tb{s['n_threads_batch']}", f"repack{int(s['weight_repacking'])}",
+                     f"tiled-{tiled}", f"fa{int(s['flash_attn'])}", f"k{cp.type_k}v{cp.type_v}"])
+
+
+def _read_store(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+_FIELDS = {f.name for f in dataclasses.fields(ExactnessReport)} - {"cached"}
+
+
+def _from_stored(entry) -> ExactnessReport | None:
+    if not isinstance(entry, dict) or set(entry) != _FIELDS:
+        return None
+    try:
+        report = ExactnessReport(**entry, cached=True)
+    except TypeError:
+        return None
+    if not (isinstance(report.rows, int) and isinstance(report.rows_equal, int) and 0 <= report.rows_equal <= report.rows):
+        return None
+    return report
+
+
+def check_exact(llm, refresh: bool = False, path: str | None = None) -> ExactnessReport:
+    """Whether ``llm`` (a ``llama_cpp.Llama``) computes batched logits bitwise equal to
+    single-token ones (:func:`measure_exactness`), measured once per model file, llama.cpp
+    build, thread counts and settings, and kept in :func:`exactness_store_path` (a damaged
+    store is replaced; an unwritable one only costs a new measurement next time). Not kept
+    while the tiled-matmul switch is ``"unsure"``. Measuring clears ``llm``'s KV cache."""
+    tiled = exact_kernels()
+    path = path or exactness_store_path()
+    key = _store_key(llm, tiled)
+    if not refresh:
+        report = _from_stored(_read_store(path).get(key))
+        if report is not None:
+            return report
+    report = measure_exactness(llm)
+    if tiled == "unsure":
+        return report
+    entry = dataclasses.asdict(report)
+    del entry["cached"]
+    try:
+        from ngramcache.files import atomic_open
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        table = _read_store(path)
+        table[key] = entry
+        with atomic_open(path, "w", encoding="utf-8") as f:
+            json.dump(table, f, indent=1, sort_keys=True)
+    except OSError:
+        pass
+    return report
