@@ -44,7 +44,8 @@ def test_version_is_the_installed_packages(capsys):
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     installed = importlib.metadata.version("ngramcache")
-    assert ngramcache.__version__ == installed == pyproject["project"]["version"]
+    assert ngramcache.__version__ == installed
+    assert installed == pyproject["project"]["version"], "the installed metadata is stale: reinstall (pip install -e .)"
     for flag in ("--version", "-V"):
         rc, out, err = run_cli(capsys, flag)
         assert (rc, out, err) == (0, f"ngramcache {installed}\n", "")
