@@ -62,9 +62,10 @@ def test_top_help_lists_the_everyday_commands_first_one_line_each(capsys):
               if line.startswith("  ") and line.split()[0] in names]
     assert sorted(listed) == sorted(names)  # every command, once
     assert listed[:len(EVERYDAY)] == list(EVERYDAY) == ["demo", "generate", "serve", "chat"]
-    for line in out.splitlines():
-        if line.startswith("  ") and line.split()[0] in names:
-            assert len(line.split()) > 3, line  # a description on the same line
+    listing = out.split("everyday commands:\n")[1].split("\n\noptions:")[0]
+    rows = [line for line in listing.splitlines() if line.startswith("  ")]
+    assert len(rows) == len(names)  # no summary wrapped onto a second line
+    assert all(len(row.split()) > 3 for row in rows)  # and each on its command's line
 
 
 def test_one_default_model_named_with_its_reason(capsys):

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+import textwrap
 
 from ngramcache.cli._common import InputError, RunError, UsageError
 
@@ -40,15 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _command_list(parsers: dict) -> str:
-    width = max(map(len, parsers))
-
+def _command_list(parsers: dict, columns: int = 80) -> str:
     def block(title, names):
-        return title + "\n" + "".join(f"  {n:<{width}}  {parsers[n].get_default('summary')}\n" for n in names)
+        width = max(map(len, names))
+        lines = [title]
+        for n in names:
+            # One line a command; a summary too long for that still keeps within the columns.
+            lines += textwrap.wrap(parsers[n].get_default("summary"), columns, initial_indent=f"  {n:<{width}}  ",
+                                   subsequent_indent=" " * (width + 4))
+        return "\n".join(lines)
 
     rest = [n for n in parsers if n not in EVERYDAY]
-    return (block("everyday commands:", [n for n in EVERYDAY if n in parsers]) + "\n"
-            + block("tools:", rest)).rstrip("\n")
+    return block("everyday commands:", [n for n in EVERYDAY if n in parsers]) + "\n\n" + block("tools:", rest)
 
 
 def main(argv: list[str] | None = None) -> int:
