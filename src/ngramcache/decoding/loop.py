@@ -7,14 +7,13 @@ one decode per step of [last token + draft], logits only where a token is decide
 for the prompt), rejected positions removed from the KV cache, and greedy or sampled
 verification that yields exactly what the model alone would (same argmax, or same
 distribution: a drafted token is kept only when the model's own choice equals it).
-:class:`stream` hands out the text as it is settled.
+:class:`Stream` hands out the text as it is settled (``stream`` is its earlier name).
 
 This module does not need llama-cpp-python.
 """
 
 from __future__ import annotations
 
-import codecs
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol
@@ -22,10 +21,12 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 
 from ngramcache._validate import as_tokens, check_int
+from ngramcache.decoding.prefix import accepted_prefix
 from ngramcache.decoding.sampling import Sampler, make_sampler
+from ngramcache.decoding.text_sink import TextSink
 from ngramcache.drafters.base import Drafter
 
-__all__ = ["Backend", "GenerationResult", "PromptCache", "Sampler", "generate", "stream"]
+__all__ = ["Backend", "GenerationResult", "PromptCache", "Sampler", "Stream", "generate", "stream"]
 
 
 class Backend(Protocol):
@@ -99,10 +100,10 @@ class GenerationResult:
 
     @classmethod
     def decoded(cls, backend, tokens: np.ndarray, **fields) -> "GenerationResult":
-        """A result whose ``text`` is ``tokens`` decoded with the backend's pieces
-        (invalid UTF-8 becomes U+FFFD)."""
-        text = b"".join(backend.piece(int(t)) for t in tokens).decode("utf-8", errors="replace")
-        return cls(text=text, tokens=tokens, **fields)
+        """A result whose ``text`` is ``tokens`` decoded with the backend's pieces, as a
+        :class:`~ngramcache.decoding.text_sink.TextSink` gives it (invalid UTF-8 becomes
+        U+FFFD; an end-of-generation token adds no text)."""
+        return cls(text=TextSink.text_of(backend, tokens), tokens=tokens, **fields)
 
     @property
     def n_tokens(self) -> int:
@@ -158,11 +159,7 @@ class PromptCache:
         can be kept (at most all but the last: its logits are needed)."""
         if self._backend is not backend or not self.tokens.size:
             return 0
-        n = min(self.tokens.size, prompt_tokens.size - 1)
-        if n <= 0:
-            return 0
-        diff = np.flatnonzero(self.tokens[:n] != prompt_tokens[:n])
-        return int(diff[0]) if diff.size else int(n)
+        return accepted_prefix(self.tokens, prompt_tokens[:-1])
 
     def _set(self, backend, tokens: np.ndarray) -> None:
         self._backend = backend
@@ -172,9 +169,10 @@ class PromptCache:
         return f"<PromptCache {self.tokens.size} tokens>"
 
 
-class stream:
+class Stream:
     """Iterate over generated text pieces; ``.result`` holds the ``GenerationResult``
-    once the iteration is over. Same arguments as :func:`generate`."""
+    once the iteration is over. Same arguments as :func:`generate`. The pieces joined
+    are ``result.text``."""
 
     def __init__(self, backend: Backend, prompt, drafter: Drafter | None = None, max_tokens: int = 128, **kw):
         self.result: GenerationResult | None = None
@@ -185,30 +183,33 @@ class stream:
         kw = dict(kw)
         _check_backend(backend)
         pieces: list[str] = []
-        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        sink = TextSink(backend)
         user_cb = kw.pop("on_tokens", None)
 
-        def cb(tokens, n_drafted_ok):
-            if user_cb is not None:
-                user_cb(tokens, n_drafted_ok)
-            s = dec.decode(b"".join(backend.piece(int(t)) for t in tokens))
-            if s:
-                pieces.append(s)
+        def on_tokens(tokens, n_from_draft):
+            stop = user_cb(tokens, n_from_draft) if user_cb is not None else None
+            text = sink.feed(tokens)
+            if text:
+                pieces.append(text)
+            return stop
 
-        gen = _run(backend, prompt, drafter, max_tokens, on_tokens=cb, **kw)
+        gen = _run(backend, prompt, drafter, max_tokens, on_tokens=on_tokens, **kw)
         while True:
             try:
                 next(gen)
             except StopIteration as stop:
                 self.result = stop.value
                 break
-            while pieces:
-                yield pieces.pop(0)
-        tail = dec.decode(b"", final=True)
-        while pieces:
-            yield pieces.pop(0)
+            yield from pieces
+            pieces.clear()
+        yield from pieces
+        tail = sink.flush()
         if tail:
             yield tail
+
+
+#: the earlier, lowercase name of :class:`Stream`
+stream = Stream
 
 
 def generate(backend: Backend, prompt, drafter: Drafter | None = None, max_tokens: int = 128, *,
