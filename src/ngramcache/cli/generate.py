@@ -55,7 +55,8 @@ def add_parser(sub) -> None:
     p.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature; 0 = greedy (default: 0)")
     p.add_argument("--top-k", type=int, default=0, metavar="N", help="top-k sampling, 0 = off (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p sampling, 1 = off (default: 1)")
-    p.add_argument("-s", "--seed", type=int, default=None, metavar="N", help="sampling seed")
+    p.add_argument("-s", "--seed", type=int, default=None, metavar="N",
+                   help="sampling seed (with --temp > 0): the same seed gives the same text with or without drafts")
     p.add_argument("--color", action="store_true", help="colour the tokens that came from accepted drafts")
     p.add_argument("--no-draft", action="store_true", help="plain decoding, one token per step")
     p.add_argument("--fixed-draft", action="store_true",
@@ -78,7 +79,7 @@ def run(args) -> int:
 
     check_ranges(args, [("n_draft", 0, "--spec-draft-n-max must be >= 0"), ("n_predict", -1, "-n must be >= -1"),
                         ("ctx_size", 8, "-c must be >= 8"), ("batch_size", 1, "-b must be >= 1"),
-                        ("threads", 1, "-t must be >= 1")])
+                        ("threads", 1, "-t must be >= 1"), ("seed", 0, "--seed must be >= 0")])
     if args.temp < 0:
         raise UsageError(f"--temp must be >= 0, got {args.temp}")
     if args.no_copy:
