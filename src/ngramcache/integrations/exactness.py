@@ -32,8 +32,8 @@ from importlib import resources
 
 import numpy as np
 
-__all__ = ["ExactnessReport", "check_exact", "measure_exactness", "exact_kernels", "no_weight_repacking",
-           "weight_repacking", "build_info", "exactness_store_path", "TILED_MM_ENV"]
+__all__ = ["ExactnessReport", "check_exact", "measure_exactness", "exactness_status", "exact_kernels",
+           "no_weight_repacking", "weight_repacking", "build_info", "exactness_store_path", "TILED_MM_ENV"]
 
 #: ggml's switch for its tiled K-quant matrix product (a batch of >= 8 rows takes another
 #: summation order than a single row)
@@ -156,6 +156,23 @@ def build_info() -> dict:
             "llamafile": "LLAMAFILE = 1" in system, "libraries": fingerprint}
 
 
+def known_causes(*, llamafile: bool, weight_repacking: bool, tiled_mm: str, flash_attn: bool) -> list[str]:
+    """The batch-size-dependent paths these settings leave on, each with its remedy."""
+    out = []
+    if llamafile:
+        out.append("llama.cpp was built with its llamafile kernels (rebuild llama-cpp-python with "
+                   "CMAKE_ARGS=-DGGML_LLAMAFILE=OFF and pip's --no-cache-dir)")
+    if weight_repacking:
+        out.append("the model was loaded with weight repacking (load it with make_llama, or inside "
+                   "ngramcache.llama.no_weight_repacking())")
+    if tiled_mm != "off":
+        out.append(f"ggml's tiled matmul may be on ({TILED_MM_ENV} {tiled_mm}; set {TILED_MM_ENV}=0 "
+                   "before the first model is loaded)")
+    if flash_attn:
+        out.append("flash attention is on (create the Llama with flash_attn=False)")
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class ExactnessReport:
     """One model's batched logits against its single-token logits.
@@ -192,19 +209,8 @@ class ExactnessReport:
 
     @property
     def causes(self) -> list[str]:
-        out = []
-        if self.llamafile:
-            out.append("llama.cpp was built with its llamafile kernels (rebuild llama-cpp-python with "
-                       "CMAKE_ARGS=-DGGML_LLAMAFILE=OFF)")
-        if self.weight_repacking:
-            out.append("the model was loaded with weight repacking (load it with make_llama, or inside "
-                       "ngramcache.llama.no_weight_repacking())")
-        if self.tiled_mm != "off":
-            out.append(f"ggml's tiled matmul may be on ({TILED_MM_ENV} {self.tiled_mm}; set {TILED_MM_ENV}=0 "
-                       "before the first model is loaded)")
-        if self.flash_attn:
-            out.append("flash attention is on (create the Llama with flash_attn=False)")
-        return out
+        return known_causes(llamafile=self.llamafile, weight_repacking=self.weight_repacking,
+                            tiled_mm=self.tiled_mm, flash_attn=self.flash_attn)
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -336,6 +342,37 @@ def _from_stored(entry) -> ExactnessReport | None:
     return report
 
 
+def _stored(llm, tiled: str, path: str) -> ExactnessReport | None:
+    return _from_stored(_read_store(path).get(_store_key(llm, tiled)))
+
+
+def _causes(llm, tiled: str) -> list[str]:
+    s = _settings(llm)
+    return known_causes(llamafile=build_info()["llamafile"], weight_repacking=s["weight_repacking"], tiled_mm=tiled,
+                        flash_attn=s["flash_attn"])
+
+
+def exactness_status(llm, measure: bool = False, path: str | None = None) -> dict | None:
+    """What a server or a report says about ``llm`` in one call: ``{"exact", "measured",
+    "rows_equal", "rows", "causes"}``. The stored measurement when there is one (see
+    :func:`check_exact`); else, with ``measure``, a new one (seconds; clears the KV cache,
+    so only while nothing else uses ``llm``); else a prediction from the settings that
+    runs nothing: ``exact`` False when a batch-dependent path is on, None (unknown, none
+    known to be on) otherwise. None for anything but a ``llama_cpp.Llama``."""
+    llama_cls = getattr(sys.modules.get("llama_cpp"), "Llama", None)
+    if not isinstance(llama_cls, type) or not isinstance(llm, llama_cls):
+        return None
+    tiled = exact_kernels()
+    path = path or exactness_store_path()
+    report = check_exact(llm, path=path) if measure else _stored(llm, tiled, path)
+    if report is not None:
+        return {"exact": report.exact, "measured": True, "rows_equal": report.rows_equal, "rows": report.rows,
+                "causes": report.causes}
+    causes = _causes(llm, tiled)
+    return {"exact": False if causes else None, "measured": False, "rows_equal": None, "rows": None,
+            "causes": causes}
+
+
 def check_exact(llm, refresh: bool = False, path: str | None = None) -> ExactnessReport:
     """Whether ``llm`` (a ``llama_cpp.Llama``) computes batched logits bitwise equal to
     single-token ones (:func:`measure_exactness`), measured once per model file, llama.cpp
@@ -344,9 +381,8 @@ def check_exact(llm, refresh: bool = False, path: str | None = None) -> Exactnes
     while the tiled-matmul switch is ``"unsure"``. Measuring clears ``llm``'s KV cache."""
     tiled = exact_kernels()
     path = path or exactness_store_path()
-    key = _store_key(llm, tiled)
     if not refresh:
-        report = _from_stored(_read_store(path).get(key))
+        report = _stored(llm, tiled, path)
         if report is not None:
             return report
     report = measure_exactness(llm)
@@ -359,7 +395,7 @@ def check_exact(llm, refresh: bool = False, path: str | None = None) -> Exactnes
 
         os.makedirs(os.path.dirname(path), exist_ok=True)
         table = _read_store(path)
-        table[key] = entry
+        table[_store_key(llm, tiled)] = entry
         with atomic_open(path, "w", encoding="utf-8") as f:
             json.dump(table, f, indent=1, sort_keys=True)
     except OSError:
