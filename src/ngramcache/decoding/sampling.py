@@ -23,8 +23,6 @@ given, otherwise :class:`Sampler`.
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
 from ngramcache._validate import check_int
@@ -41,9 +39,10 @@ def gumbel_noise(seed: int, position: int, n: int) -> np.ndarray:
     Entry ``j`` comes from the ``j``-th 64-bit output ``r_j`` of numpy's PCG64 generator
     seeded with ``numpy.random.SeedSequence([seed, position])``:
     ``u_j = (floor(r_j / 2**11) + 0.5) / 2**53`` (strictly inside (0, 1)) and
-    ``G_j = -log(-log(u_j))``. numpy keeps PCG64's and SeedSequence's output stable across
-    releases, so the noise, and with it a seeded text, does not change with numpy's
-    version. Entry ``j`` does not depend on ``n``."""
+    ``G_j = -log(-log(u_j))``. Only PCG64's raw outputs and SeedSequence's seeding are
+    used, not a ``Generator`` method (whose streams numpy may change between releases for
+    speed or accuracy); the conversion to noise is done here. Entry ``j`` does not depend
+    on ``n``."""
     return _gumbel(_raw(seed, position, n))
 
 
@@ -136,9 +135,7 @@ class SeededSampler(_TokenChoice):
         """The token chosen from one row of logits for the token at ``position``."""
         if self.greedy:
             return int(np.argmax(row))
-        position = operator.index(position)
-        if position < 0:
-            raise ValueError(f"position must be >= 0, got {position}")
+        position = check_int("position", position, 0)
         ids, x = self.kept(row)
         raw = _raw(self.seed, position, row.size)
         if ids is None:
