@@ -54,7 +54,10 @@ class Server:
                 break
         if self.url is None:
             self.proc.kill()
-            raise RuntimeError("the server did not start:\n" + "".join(self.log) + self.proc.stderr.read())
+            rest = self.proc.stderr.read()
+            self.proc.wait(30)
+            self.proc.stderr.close()
+            raise RuntimeError("the server did not start:\n" + "".join(self.log) + rest)
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
 

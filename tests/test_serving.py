@@ -309,7 +309,7 @@ def test_memory_file_round_trip(tmp_path):
     back = Memory.load(path, V, FP, max_tokens=5000)
     assert back.n_requests == mem.n_requests and back.n_tokens == mem.n_tokens
     assert all(np.array_equal(a, b) for a, b in zip(back._history, mem._history))
-    assert np.array_equal(back.mod._core.entries(), mem.mod._core.entries())
+    assert np.array_equal(back.mod.entries(), mem.mod.entries())
     assert len(back.dynamic) == len(mem.dynamic)
     assert back.suffix.n_tokens == mem.suffix.n_tokens
     # a smaller budget at load keeps the newest

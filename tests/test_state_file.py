@@ -82,7 +82,7 @@ def test_the_three_formats_keep_their_bytes(tmp_path):
     table = NgramModTable(64)
     NgramModDrafter(table=table).reset(np.arange(100, dtype=np.int32) % 13)
     table.save(tmp_path / "m")
-    slots = table._core.entries().astype("<i4")
+    slots = table.entries().astype("<i4")
     assert (tmp_path / "m").read_bytes() == with_crc(struct.pack("<4sIQ", b"NGMT", 1, 64) + slots.tobytes())
 
     reqs = [np.arange(10, dtype=np.int32), np.arange(5, dtype=np.int32) + 3]
@@ -99,7 +99,7 @@ def test_the_three_formats_keep_their_bytes(tmp_path):
         mem.learn(r)
     fp = bytes(range(32))
     mem.save(tmp_path / "mem", 100, fp)
-    slots = mem.mod._core.entries().astype("<i4")
+    slots = mem.mod.entries().astype("<i4")
     body = (struct.pack("<8sII32sQQQ", b"NGSRVMEM", 1, 100, fp, 2, 15, 64) + struct.pack("<II", 10, 5)
             + np.concatenate(reqs).astype("<i4").tobytes() + slots.tobytes())
     assert (tmp_path / "mem").read_bytes() == with_crc(body)

@@ -16,7 +16,6 @@ errors are typed (``ngramcache.serving.errors``): each says which HTTP status an
 
 from __future__ import annotations
 
-import codecs
 import logging
 import os
 import queue
@@ -28,6 +27,7 @@ import numpy as np
 
 from ngramcache._validate import as_tokens, check_int
 from ngramcache.decoding.loop import PromptCache, is_backend
+from ngramcache.decoding.text_sink import TextSink
 from ngramcache.serving.chat_template import ChatTemplate
 from ngramcache.serving.errors import (CancelledError, ContextOverflowError, EngineError, QueueFullError,
                                        RequestError, ShuttingDownError)
@@ -333,17 +333,12 @@ class Engine:
                 job.speculative, self.drafter, self.n_draft)
             drafter = self.make_drafter(name, n_draft) if name is not None else None
             stops = StopFilter(job.stop)
-            dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            piece, is_eog = self.backend.piece, self.backend.is_eog
+            sink = TextSink(self.backend)
             emit = job.on_text
 
             def on_tokens(tokens, n_from_draft):
-                for part, drafted in ((tokens[:n_from_draft], True), (tokens[n_from_draft:], False)):
-                    if len(part) == 0:
-                        continue
-                    # an end-of-generation token ends the text; its own bytes are not text
-                    raw = b"".join(piece(int(t)) for t in part if not is_eog(int(t)))
-                    text = stops.feed(dec.decode(raw))
+                for text, drafted in zip(sink.split(tokens, n_from_draft), (True, False)):
+                    text = stops.feed(text)
                     if text and emit is not None:
                         emit(text, drafted)
                     if stops.stopped:
@@ -359,7 +354,7 @@ class Engine:
                 self.tally.count(cancelled=1)
                 self._finish(job, error=job.cancel_error)
                 return
-            tail = stops.feed(dec.decode(b"", final=True)) + stops.flush()
+            tail = stops.feed(sink.flush()) + stops.flush()
             if tail and emit is not None:
                 emit(tail, False)
             if job.cancelled.is_set():

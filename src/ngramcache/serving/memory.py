@@ -123,7 +123,7 @@ class Memory:
         another model refuses the file; the layout is in docs/format.md."""
         lengths = np.array([t.size for t in self._history], dtype="<u4")
         tokens = np.concatenate(list(self._history)).astype("<i4") if self._history else np.zeros(0, "<i4")
-        slots = self.mod._core.entries().astype("<i4")
+        slots = self.mod.entries().astype("<i4")
         MEMORY_FORMAT.write(path, (n_vocab, fingerprint, lengths.size, tokens.size, slots.size),
                             (lengths, tokens, slots))
 
@@ -148,7 +148,7 @@ class Memory:
         if int(slots.min()) < -1 or int(slots.max()) >= n_vocab:
             raise MEMORY_FORMAT.damaged(name, "ngram-mod slots hold ids outside the vocabulary")
         mem = cls(max_tokens=max_tokens, mod_size=int(n_slots), ngram_min=ngram_min, ngram_max=ngram_max)
-        mem.mod._core.set_entries(slots)
+        mem.mod.set_entries(slots)
         ends = np.cumsum(lengths)
         for end, n in zip(ends, lengths):
             toks = tokens[end - n : end]
