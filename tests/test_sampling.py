@@ -189,6 +189,23 @@ def test_each_draw_is_the_documented_one_whatever_the_call_order(temperature, to
     assert len(set(want)) > 5  # it did sample
 
 
+def test_top_p_cut_on_large_rows_with_ties():
+    # rounded logits tie often, also across the growing candidate sets the cut searches
+    rng = np.random.default_rng(5)
+    sizes = set()
+    for trial in range(6):
+        row = np.round(rng.normal(0, 0.5 + trial, 3000), 1).astype(np.float32)
+        for top_k, top_p in [(0, 0.3), (0, 0.9), (700, 0.8)]:
+            s = SeededSampler(1.0, top_k, top_p, seed=trial)
+            ids, x = s.kept(row)
+            want = processed(row, 1.0, top_k, top_p)
+            assert ids.tolist() == list(want)
+            assert np.allclose(x, list(want.values()), rtol=0, atol=1e-12)
+            sizes.add(len(want))
+            assert s(row, 9) == documented_draw(row, 1.0, top_k, top_p, trial, 9)
+    assert min(sizes) < 64 < 512 < max(sizes)  # the first candidate set sufficed, and it did not
+
+
 def test_greedy_ignores_seed_and_position():
     s = SeededSampler(0.0, seed=4)
     assert s(ROW, 0) == s(ROW, 123) == 0

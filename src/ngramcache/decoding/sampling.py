@@ -55,6 +55,30 @@ def _gumbel(raw: np.ndarray) -> np.ndarray:
     return -np.log(-np.log(u))
 
 
+def _top_p_order(x: np.ndarray, top_p: float) -> np.ndarray:
+    """Indices of the smallest set of ``x`` holding ``top_p`` of the mass of
+    ``exp(x)``, in decreasing ``x`` with ties in index order.
+
+    Sorting a whole vocabulary costs far more than the draw, and the kept set is usually a
+    few dozen tokens: the candidates are every entry at least the m-th largest (ties
+    included, so they are exactly the first entries of the full sorted order), m growing
+    until they hold enough mass."""
+    e = np.exp(x)
+    target = top_p * float(e.sum())
+    m = 64
+    while True:
+        if m < x.size:
+            cand = np.flatnonzero(x >= np.partition(x, x.size - m)[x.size - m])
+        else:
+            cand = np.arange(x.size)
+        order = cand[np.argsort(-x[cand], kind="stable")]
+        c = np.cumsum(e[order])
+        if c[-1] >= target or m >= x.size:
+            break
+        m *= 8
+    return order[: min(int(np.searchsorted(c, target)) + 1, order.size)]
+
+
 class _TokenChoice:
     """The settings shared by the samplers, checked, and the row processing."""
 
@@ -77,19 +101,14 @@ class _TokenChoice:
         when ``ids`` is None (no truncation). With ``top_p`` < 1 the kept tokens come in
         decreasing probability (ties in id order)."""
         if self.top_k and self.top_k < row.size:
-            ids = np.argpartition(row, -self.top_k)[-self.top_k:]
+            ids = np.sort(np.argpartition(row, -self.top_k)[-self.top_k:])
             x = row[ids].astype(np.float64)
         else:
             ids = None
             x = row.astype(np.float64)
         x = (x - x.max()) / self.temperature
         if self.top_p < 1.0:
-            # stable sort of -x: equal probabilities keep their order, so the cut is
-            # the same on every call with the same row
-            order = np.argsort(-x, kind="stable")
-            c = np.cumsum(np.exp(x[order]))
-            keep = int(np.searchsorted(c, self.top_p * c[-1])) + 1
-            order = order[:keep]
+            order = _top_p_order(x, self.top_p)
             ids = order if ids is None else ids[order]
             x = x[order]
         return ids, x
