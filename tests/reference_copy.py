@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ngramcache._validate import check_int
-from ngramcache.drafters.base import LookupDrafter
+from ngramcache.drafters.lookup import LookupDrafter
 
 
 class ReferenceCopyDrafter(LookupDrafter):

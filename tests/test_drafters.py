@@ -151,6 +151,31 @@ def test_bad_arguments():
         LookupDrafter().accept([1.5])
 
 
+def test_a_static_table_drafting_cannot_read_is_refused_when_given():
+    tokens = np.arange(60, dtype=np.int32) % 9
+    for size in (1, 3, 4):
+        with pytest.raises(ValueError, match=f"static must be a table of 2-grams.*holds {size}-grams"):
+            LookupDrafter(static=nc.StaticTable.build(tokens, size))
+    d = LookupDrafter(static=nc.StaticTable.build(tokens, 2))
+    d.reset([1, 2, 3])
+    assert d.propose(4).tolist() == nc.draft([1, 2, 3], 4, d.context, static=d.static).tolist()
+
+
+def test_one_bound_on_n_draft_for_drafting_and_every_drafter():
+    from ngramcache.draft import MAX_DRAFT
+    from ngramcache.drafters.catalog import DRAFTERS, make_drafter
+
+    assert nc.drafters.MAX_DRAFT == MAX_DRAFT == 1 << 20
+    with pytest.raises(ValueError, match=f"n_draft must be <= {MAX_DRAFT}"):
+        nc.draft([1, 2], MAX_DRAFT + 1, NgramCache())
+    for name in DRAFTERS:
+        assert make_drafter(name, n_draft=MAX_DRAFT).n_draft == MAX_DRAFT
+        with pytest.raises(ValueError, match=f"n_draft must be 0 to {MAX_DRAFT}, got {2**40}"):
+            make_drafter(name, n_draft=2**40)
+    with pytest.raises(ValueError, match="n_draft must be 0 to"):
+        OracleDrafter([1, 2], n_draft=MAX_DRAFT + 1)
+
+
 # --- OracleDrafter ---------------------------------------------------------------------
 
 def test_oracle():

@@ -76,7 +76,7 @@ def test_confidence_is_the_matched_size():
     for i in range(10, 400):
         got = d.propose(6)
         want, size = prompt_lookup(text[:i].tolist(), 6, 4, 1, "first")
-        assert got.tolist() == want and d._core.confidence == size
+        assert got.tolist() == want and d._impl.confidence == size
         d.accept(text[i : i + 1])
 
 

@@ -329,6 +329,9 @@ def test_exports():
     (lambda: NgramMapDrafter(k4v=1), TypeError, "k4v"),
     (lambda: NgramModDrafter(table="t"), TypeError, "table"),
     (lambda: NgramModDrafter(n_draft=-1), ValueError, "n_draft"),
+    # llama.cpp's ngram-mod would never draft with these; the Drafter refuses them
+    (lambda: NgramModDrafter(n_min=10, n_max=5), ValueError, r"n_min must be <= n_max \(n_max=5\), got 10"),
+    (lambda: NgramModDrafter(n_max=10), ValueError, r"n_min must be <= n_max \(n_max=10\), got 48"),
 ])
 def test_bad_arguments_raise(make, exc, text):
     with pytest.raises(exc, match=text):
@@ -422,7 +425,7 @@ def test_threads_replaying_without_the_gil_share_a_table():
     n = 6
     s, table = shared_setup(n)
     def one():
-        r = _core.replay_drafter(NgramModDrafter(n, 1, 16, table=table)._core, s, 600, 16, None)
+        r = _core.replay_drafter(NgramModDrafter(n, 1, 16, table=table)._impl, s, 600, 16, None)
         return (r.n_steps, r.n_drafted, r.n_accept)
     alone = one()
     assert alone[1] > 0
@@ -464,7 +467,7 @@ def test_mod_table_save_load_round_trip(tmp_path):
     table.save(path)
     back = NgramModTable.load(path)
     assert (back.size, back.used) == (table.size, table.used)
-    assert np.array_equal(back._core.entries(), table._core.entries())
+    assert np.array_equal(back._impl.entries(), table._impl.entries())
     drafts = []
     for t in (table, back):
         d = NgramMod(n_match=4, n_min=1, n_max=8, table=t)

@@ -17,6 +17,7 @@ from conftest import alphabets, streams
 from ngramcache import _core
 from ngramcache.decoding.gate import AdaptiveGate
 from ngramcache.drafters.suffix import SuffixDrafter, SuffixStore
+from ngramcache.replays import replay_drafter
 
 params = st.fixed_dictionaries({
     "max_depth": st.integers(1, 8),
@@ -48,7 +49,7 @@ def run_both(reqs, p, store_args=None, n_draft=16, schedule=None):
             got = d.propose(n_max)
             assert got.tolist() == want, (have, n_max)
             if got.size:
-                assert d._core.confidence == r.confidence
+                assert d._impl.confidence == r.confidence
             if have >= len(t):
                 break
             k = min(len(t) - have, sched[step % len(sched)])
@@ -106,19 +107,19 @@ def test_nbytes_follows_what_is_held():
     s.add(text)
     grown = s.nbytes
     # at least a node's fields for every node, and the tokens themselves
-    assert grown >= empty + 40 * s._core.n_nodes + 4 * text.size
+    assert grown >= empty + 40 * s._impl.n_nodes + 4 * text.size
     # text that does not repeat is not a chain of max_depth + 1 nodes a token
-    assert s._core.n_nodes < 4 * text.size
+    assert s._impl.n_nodes < 4 * text.size
     s.add(text)  # seen twice: its strings become nodes, up to max_depth + 1 a token
-    assert s._core.n_nodes > 10 * text.size
+    assert s._impl.n_nodes > 10 * text.size
     assert s.nbytes > grown
     s.clear()  # gives the memory back
     assert s.nbytes <= empty
     d = SuffixDrafter(max_depth=16)
     before = d.nbytes
     d.reset(text)
-    assert d.nbytes >= before + 40 * d._core.n_nodes + 4 * text.size
-    assert d._core.n_nodes < 4 * text.size
+    assert d.nbytes >= before + 40 * d._impl.n_nodes + 4 * text.size
+    assert d._impl.n_nodes < 4 * text.size
 
 
 def test_store_drafts_a_repeat_of_an_earlier_request():
@@ -129,7 +130,7 @@ def test_store_drafts_a_repeat_of_an_earlier_request():
     d.reset([5, 6] + earlier[:6])  # the earlier request goes to the store here
     assert len(store) == 1
     assert d.propose(16).tolist() == earlier[6:22]
-    assert d._core.confidence == 6
+    assert d._impl.confidence == 6
     d.finish()  # this request too; the drafter is empty again
     assert len(store) == 2 and d.tokens.size == 0
     d.reset([1])
@@ -150,10 +151,15 @@ def test_gate_source_and_stats():
 def test_replay_drafter_runs_in_the_core(prose):
     store = SuffixStore()
     d = SuffixDrafter(store=store)
-    r = _core.replay_drafter(d._core, prose[:4 * 512 + 1], 512, 16, None)
+    r = _core.replay_drafter(d._impl, prose[:4 * 512 + 1], 512, 16, None)
     assert r.n_chunks == 4 and r.n_accept > 0
     assert len(store) == 3  # the last chunk is still the drafter's own
-    assert nc.stats.replay_drafter(prose[:1025], SuffixDrafter(), 512, 8).n_accept >= 0
+    # the public replay of a fresh drafter and store counts what the core counted
+    got = replay_drafter(prose[:4 * 512 + 1], SuffixDrafter(store=SuffixStore()), 512, 16)
+    assert got.drafter == "suffix"
+    assert (got.n_chunks, got.n_steps, got.n_drafted, got.n_accept) == (r.n_chunks, r.n_steps, r.n_drafted,
+                                                                         r.n_accept)
+    assert list(got.accept_length_hist) == list(r.accept_length_hist)
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -220,7 +226,7 @@ def test_threads_share_a_store(prose):
 
     def replay(i):
         try:
-            _core.replay_drafter(SuffixDrafter(store=store)._core, prose[i * 5000:(i + 1) * 5000 + 1], 700, 16, None)
+            _core.replay_drafter(SuffixDrafter(store=store)._impl, prose[i * 5000:(i + 1) * 5000 + 1], 700, 16, None)
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 

@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from ngramcache._core import CacheFormatError
 from ngramcache.cache import NgramCache
 from ngramcache.draft import draft
-from ngramcache.drafters.base import CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter, PromptLookupDrafter
+from ngramcache.drafters import CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter, PromptLookupDrafter
 from ngramcache.decoding.gate import AdaptiveGate
 from ngramcache.decoding.loop import PromptCache
 from ngramcache.static_table import StaticTable

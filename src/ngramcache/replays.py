@@ -1,6 +1,6 @@
 """Offline replay of a token stream: how well would lookup drafting have done?
 
-``replay`` is llama.cpp's ``llama-lookup-stats`` loop (spec §2.5), run in C++ without the
+``replay`` is llama.cpp's ``llama-lookup-stats`` loop (docs/llama-lookup.md §5.1), run in C++ without the
 GIL, plus the figures that tool does not give: where accepted drafts come from (cache and
 n-gram size), how acceptance falls along the draft, how much of the text was already
 known (overlap), cache load time and peak memory. See docs/cli.md for every figure.
@@ -372,19 +372,24 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
 
 def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
                    progress: Callable[[int, int], object] | None = None) -> ReplayStats:
-    """Replay ``tokens`` with any of ngramcache's compiled drafters, in C++: the loop of
-    ``replay`` (chunks of ``n_ctx``, each a new request: the drafter is reset with the
-    chunk's first token), proposing up to ``n_draft`` tokens per step, accepting the
-    longest prefix that matches the text plus the next text token, handed to the drafter
-    in one ``accept`` as a speculative loop does. What the drafter keeps across requests
-    (a ``SuffixStore``, an ``NgramModTable``) carries from chunk to chunk.
+    """Replay ``tokens`` with any drafter: the loop of ``replay`` (chunks of ``n_ctx``,
+    each a new request: the drafter is reset with the chunk's first token), proposing up
+    to ``n_draft`` tokens per step, accepting the longest prefix that matches the text
+    plus the next text token, handed to the drafter in one ``accept`` as a speculative
+    loop does. What the drafter keeps across requests (a ``SuffixStore``, an
+    ``NgramModTable``) carries from chunk to chunk.
 
-    ``drafter``: a drafter with a compiled core (every drafter of ``ngramcache.drafters.catalog``
-    except ``lookup``, which ``replay`` measures exactly as llama-lookup-stats). Its gate,
-    if any, is not consulted: the replay measures the proposals themselves. Its state is
-    replaced by the replay's last chunk. The per-source, per-n-gram and overlap figures
-    are lookup's own and stay empty.
+    ``drafter``: any ``Drafter``. One with a compiled core (a ``CoreSequenceDrafter``)
+    is replayed entirely in C++; any other through its Python methods, with the same
+    counts. ``lookup`` replayed here is the drafter; ``replay`` measures llama.cpp's
+    lookup exactly as llama-lookup-stats. The drafter's gate and its own ``n_draft`` are
+    not consulted (the replay measures up to ``n_draft`` proposed tokens themselves). Its
+    state is replaced by the replay's last chunk. The per-source, per-n-gram and overlap
+    figures are lookup's own and stay empty; ``drafter`` in the result is its registered
+    name (``ngramcache.drafters.registry``), else its class name.
     """
+    from ngramcache.drafters.base import CoreSequenceDrafter, Drafter
+
     n_ctx = check_int("n_ctx", n_ctx, 2)
     n_draft = check_int("n_draft", n_draft, 0)
     check_int("n_draft", n_draft, hi=MAX_REPLAY_DRAFT)
@@ -394,34 +399,91 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
                          f"needs at least {n_ctx + 1}")
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
-    core = _replay_core(drafter)
-    r = _core.replay_drafter(core, arr, n_ctx, n_draft, progress)
+    if not isinstance(drafter, Drafter):
+        raise TypeError(f"replay_drafter needs a Drafter (reset, propose, accept, stats), got {type(drafter).__name__}")
+    if isinstance(drafter, CoreSequenceDrafter):
+        core = drafter._impl
+        drafter.reset([])  # the drafter's own buffer would no longer describe its core after the replay
+        r = _core.replay_drafter(core, arr, n_ctx, n_draft, progress)
+        fields = {f: getattr(r, f) for f in _DRAFTER_FIELDS}
+        t_draft, t_replay = r.t_draft_ns * 1e-9, r.t_replay_ns * 1e-9
+    else:
+        fields, t_draft, t_replay = _replay_in_python(drafter, arr, n_ctx, n_draft, progress)
     n_input = int(arr.size)
-    fields = {f: getattr(r, f) for f in ("n_chunks", "n_steps", "n_drafted", "n_accept", "draft_length_hist",
-                                         "accept_length_hist", "drafted_by_position", "accepted_by_position")}
     return ReplayStats(n_draft=n_draft, n_ctx=n_ctx, n_input=n_input, n_predict=n_input - n_input % n_ctx,
-                       t_draft_flat=0.0, t_draft=r.t_draft_ns * 1e-9, t_replay=r.t_replay_ns * 1e-9,
-                       drafter=_drafter_name(drafter), peak_rss_bytes=peak_rss_bytes(), **fields)
+                       t_draft_flat=0.0, t_draft=t_draft, t_replay=t_replay, drafter=_drafter_name(drafter),
+                       peak_rss_bytes=peak_rss_bytes(), **fields)
 
 
-def _replay_core(drafter):
-    from ngramcache.drafters.base import CoreSequenceDrafter
+_DRAFTER_FIELDS = ("n_chunks", "n_steps", "n_drafted", "n_accept", "draft_length_hist", "accept_length_hist",
+                   "drafted_by_position", "accepted_by_position")
+_PROGRESS_EVERY = 100_000  # tokens between progress calls, as the compiled replay
 
-    core = getattr(drafter, "_core", None) if isinstance(drafter, CoreSequenceDrafter) else None
-    if core is None:
-        raise TypeError(f"replay_drafter needs a drafter with a compiled core (copy, suffix, simple, map-k, "
-                        f"map-k4v, mod or pld), got {type(drafter).__name__}; replay() measures lookup")
-    # the drafter's own buffer would no longer describe its core after the replay
-    drafter.reset([])
-    return core
+
+def _replay_in_python(drafter, arr: np.ndarray, n_ctx: int, n_draft: int, progress):
+    """The compiled replay's loop through the drafter's Python methods: (fields, t_draft, t_replay)."""
+    from ngramcache.drafters.base import SequenceDrafter
+
+    draft_hist, accept_hist = [0] * (n_draft + 1), [0] * (n_draft + 1)
+    by_pos_drafted, by_pos_accepted = [0] * n_draft, [0] * n_draft
+    n_chunks = (arr.size - 1) // n_ctx
+    total = n_chunks * n_ctx
+    n_steps = n_drafted = n_accept = 0
+    t_draft = 0.0
+    next_report = _PROGRESS_EVERY
+    # as in the compiled replay, neither the gate nor the drafter's own n_draft cut proposals
+    saved = (drafter.gate, drafter.n_draft) if isinstance(drafter, SequenceDrafter) else None
+    if saved is not None:
+        drafter.gate, drafter.n_draft = None, n_draft
+    t_loop = time.perf_counter()
+    try:
+        for c in range(n_chunks):
+            chunk = arr[c * n_ctx : (c + 1) * n_ctx]
+            chunk_list = chunk.tolist()
+            t0 = time.perf_counter()
+            drafter.reset(chunk[:1])
+            t_draft += time.perf_counter() - t0
+            have = 1
+            while have < n_ctx:
+                t0 = time.perf_counter()
+                proposal = np.asarray(drafter.propose(n_draft))[:n_draft].tolist()
+                t_draft += time.perf_counter() - t0
+                nd = len(proposal)
+                acc = 0
+                while acc < nd and have + acc < n_ctx and chunk_list[have + acc] == proposal[acc]:
+                    acc += 1
+                n_steps += 1
+                n_drafted += nd
+                n_accept += acc
+                draft_hist[nd] += 1
+                for j in range(nd):
+                    by_pos_drafted[j] += 1
+                for j in range(acc):
+                    by_pos_accepted[j] += 1
+                if nd:
+                    accept_hist[acc] += 1
+                n_new = min(acc + 1, n_ctx - have)
+                t0 = time.perf_counter()
+                drafter.accept(chunk[have : have + n_new])
+                t_draft += time.perf_counter() - t0
+                have += n_new
+                done = c * n_ctx + have
+                if progress is not None and done >= next_report:
+                    progress(done, total)
+                    next_report = done + _PROGRESS_EVERY
+    finally:
+        if saved is not None:
+            drafter.gate, drafter.n_draft = saved
+    t_replay = time.perf_counter() - t_loop
+    if progress is not None:
+        progress(total, total)
+    fields = dict(n_chunks=n_chunks, n_steps=n_steps, n_drafted=n_drafted, n_accept=n_accept,
+                  draft_length_hist=draft_hist, accept_length_hist=accept_hist,
+                  drafted_by_position=by_pos_drafted, accepted_by_position=by_pos_accepted)
+    return fields, t_draft, t_replay
 
 
 def _drafter_name(drafter) -> str:
-    from ngramcache.drafters.catalog import DRAFTERS, drafter_class
+    from ngramcache.drafters.registry import name_of
 
-    for name in DRAFTERS:
-        if type(drafter) is drafter_class(name):
-            if name.startswith("map-k"):
-                return "map-k4v" if getattr(drafter, "k4v", False) else "map-k"
-            return name
-    return type(drafter).__name__
+    return name_of(drafter) or type(drafter).__name__

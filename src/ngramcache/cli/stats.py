@@ -23,9 +23,10 @@ chunk its context cache is merged into the dynamic cache (in memory only: -lcd i
 written). It prints llama-lookup-stats' summary block, then where accepted drafts came
 from, acceptance by draft position, overlap, timings and memory.
 
---drafter NAME replays another drafter the same way, in C++ (each chunk is a request; what
-the drafter keeps across requests carries over), so that drafters can be compared on one
-text: acceptance, drafted tokens, the accepted-length histogram and us per drafted token.
+--drafter NAME replays another drafter the same way (each chunk is a request; what the
+drafter keeps across requests carries over), in C++ for a drafter with a compiled core, so
+that drafters can be compared on one text: acceptance, drafted tokens, the accepted-length
+histogram and us per drafted token.
 
 The defaults, --drafter lookup and --spec-draft-n-max 3, are llama-lookup-stats' own, on
 purpose: the figures compare with llama.cpp's. generate, serve and chat draft with copy, up
@@ -80,11 +81,14 @@ def run(args) -> int:
                         ("n_draft", 0, f"--spec-draft-n-max must be 0 to {MAX_REPLAY_DRAFT}", MAX_REPLAY_DRAFT)])
     check_text_input(args)
     drafter = None  # None: llama.cpp's lookup, replayed exactly as llama-lookup-stats
-    drafter_options(args)  # an option of another drafter is a usage error
+    options = drafter_options(args)  # an option of another drafter is a usage error
     if args.drafter != "lookup":
         if args.lookup_cache_static is not None or args.lookup_cache_dynamic is not None:
             raise UsageError(f"-lcs and -lcd apply to --drafter lookup, not {args.drafter}")
         drafter = build_drafter(args, n_draft=args.n_draft)
+    elif options:
+        raise UsageError(f"stats replays --drafter lookup as llama-lookup-stats does, with n-grams of 1 to 4 "
+                         f"tokens: {', '.join(options)} cannot be set")
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401

@@ -32,8 +32,9 @@ import numpy as np
 from ngramcache import _core
 from ngramcache._state_file import StateFormat
 from ngramcache._validate import INT32_MAX, as_tokens, check_int
-from ngramcache.drafters.base import CoreSequenceDrafter
 from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.drafters.options import Option, check_options
 
 __all__ = [
     "NgramSimple", "NgramMapK", "NgramMod", "NgramModTable",
@@ -47,14 +48,25 @@ MOD_TABLE_SIZE = 4194304     # common_ngram_mod's entries (16 MiB)
 _GUARD = 8
 
 
-def _check_size(name: str, value, lo: int = 1) -> int:
-    return check_int(name, value, lo, SIZE_MAX)
-
-
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
+# llama.cpp's option ranges and defaults, one set per drafter
+SIMPLE_OPTIONS = (
+    Option("size_n", int, 12, "tokens matched", lo=1, hi=SIZE_MAX),
+    Option("size_m", int, 48, "most tokens copied", lo=1, hi=SIZE_MAX),
+)
+MAP_OPTIONS = (
+    Option("size_n", int, 12, "key size", lo=1, hi=SIZE_MAX),
+    Option("size_m", int, 48, "value size", lo=1, hi=SIZE_MAX),
+    Option("min_hits", int, 1, "minimum hits of a key", lo=1, hi=65535),
+    Option("k4v", bool, False, "keep up to four counted values per key (ngram-map-k4v)"),
+)
+MOD_OPTIONS = (
+    Option("n_match", int, 24, "tokens hashed per lookup", lo=1, hi=SIZE_MAX),
+    Option("n_min", int, 48, "shortest draft", lo=0, hi=SIZE_MAX),
+    Option("n_max", int, 64, "longest draft", lo=0, hi=SIZE_MAX),
+)
+_SIMPLE = {o.name: o.default for o in SIMPLE_OPTIONS}
+_MAP = {o.name: o.default for o in MAP_OPTIONS}
+_MOD = {o.name: o.default for o in MOD_OPTIONS}
 
 
 class NgramModTable:
@@ -65,43 +77,53 @@ class NgramModTable:
 
     def __init__(self, size: int = MOD_TABLE_SIZE):
         size = check_int("size", size, 1, 2**32)
-        self._core = _core.NgramModTable(size)
+        self._impl = _core.NgramModTable(size)
 
     @property
     def size(self) -> int:
         """Number of slots."""
-        return self._core.size
+        return self._impl.size
 
     @property
     def nbytes(self) -> int:
         """Memory of the slots (4 bytes each), fixed at construction."""
-        return self._core.nbytes
+        return self._impl.nbytes
 
     @property
     def used(self) -> int:
         """Slots written since the last reset."""
-        return self._core.used
+        return self._impl.used
 
     @property
     def resets(self) -> int:
         """How often the table was cleared (by ``reset`` or a drafter's reset rules)."""
-        return self._core.resets
+        return self._impl.resets
 
     def get(self, ngram) -> int:
         """The token stored for ``ngram``'s slot, -1 when empty (no key is stored: a
         colliding n-gram answers too, as in llama.cpp)."""
-        return self._core.get(as_tokens(ngram, "ngram"))
+        return self._impl.get(as_tokens(ngram, "ngram"))
 
     def reset(self) -> None:
         """Empty every slot (for every drafter sharing the table)."""
-        self._core.reset()
+        self._impl.reset()
+
+    def entries(self) -> np.ndarray:
+        """Every slot (int32, -1 where empty), copied; each slot is read once, atomically,
+        so drafters may keep writing meanwhile."""
+        return self._impl.entries()
+
+    def set_entries(self, entries) -> None:
+        """Overwrite every slot with ``entries`` (``size`` int32 values, -1 for empty);
+        ValueError if their number is not ``size`` or a value is below -1."""
+        self._impl.set_entries(np.ascontiguousarray(entries, dtype=np.int32))
 
     def save(self, path: str | os.PathLike) -> None:
         """Write every slot to ``path`` (``NGMT`` magic, version, size, the int32 slots, a
         CRC-32; little-endian; docs/format.md), atomically: an interrupted save leaves the
         previous file whole. Drafters may keep writing meanwhile; each slot is read once,
         atomically."""
-        _MOD_FORMAT.write(path, (self.size,), (self._core.entries().astype("<i4"),))
+        _MOD_FORMAT.write(path, (self.size,), (self.entries().astype("<i4"),))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "NgramModTable":
@@ -113,7 +135,7 @@ class NgramModTable:
             raise _MOD_FORMAT.damaged(name, f"bad table size {size}")
         table = cls(size)
         try:
-            table._core.set_entries(np.frombuffer(payload, dtype="<i4").astype(np.int32))
+            table.set_entries(np.frombuffer(payload, dtype="<i4"))
         except ValueError as e:
             raise _MOD_FORMAT.damaged(name, str(e)) from None
         return table
@@ -138,14 +160,19 @@ class _LlamaShaped:
     """What the llama.cpp-shaped drafters share: the prompt handed to the core's copy
     with as little conversion as the caller allows."""
 
-    _core = None
+    _impl = None
+    OPTIONS: tuple[Option, ...] = ()
 
     def __init__(self):
         self._obj = None  # the prompt object of the last call, trusted to only grow
         self._n = 0
 
+    def _set_options(self, **values) -> None:
+        for name, value in check_options(self.OPTIONS, values).items():
+            setattr(self, name, value)
+
     def _sync(self, prompt) -> None:
-        core = self._core
+        core = self._impl
         if prompt is self._obj:
             try:
                 n = len(prompt)
@@ -168,22 +195,22 @@ class _LlamaShaped:
     def begin(self, prompt) -> None:
         """A new request starts with ``prompt`` (its tokens processed, nothing sampled)."""
         self._sync(prompt)
-        self._core.begin()
+        self._impl.begin()
 
     def draft(self, prompt, id_last) -> np.ndarray:
         """The draft (int32, possibly empty) to follow ``prompt`` + ``[id_last]``."""
         id_last = check_int("id_last", id_last, 0, INT32_MAX)
         self._sync(prompt)
-        return self._core.draft(id_last)
+        return self._impl.draft(id_last)
 
     def accept(self, n_accepted) -> None:
         """How many tokens of the last draft the target model accepted (0 included)."""
-        self._core.accept(check_int("n_accepted", n_accepted, 0, INT32_MAX))
+        self._impl.accept(check_int("n_accepted", n_accepted, 0, INT32_MAX))
 
     @property
     def n_tokens(self) -> int:
         """Length of the prompt the drafter holds."""
-        return self._core.n_tokens
+        return self._impl.n_tokens
 
 
 class NgramSimple(_LlamaShaped):
@@ -191,11 +218,12 @@ class NgramSimple(_LlamaShaped):
     before, drafts what followed their most recent occurrence, up to ``size_m`` tokens
     (nothing if fewer than ``size_n`` are available). No state across requests."""
 
-    def __init__(self, size_n: int = 12, size_m: int = 48):
+    OPTIONS = SIMPLE_OPTIONS
+
+    def __init__(self, size_n: int = _SIMPLE["size_n"], size_m: int = _SIMPLE["size_m"]):
         super().__init__()
-        self.size_n = _check_size("size_n", size_n)
-        self.size_m = _check_size("size_m", size_m)
-        self._core = _core.NgramSimple(self.size_n, self.size_m)
+        self._set_options(size_n=size_n, size_m=size_m)
+        self._impl = _core.NgramSimple(self.size_n, self.size_m)
 
     def __repr__(self) -> str:
         return f"<NgramSimple size_n={self.size_n} size_m={self.size_m}, {self.n_tokens} tokens>"
@@ -206,18 +234,18 @@ class NgramMapK(_LlamaShaped):
     their occurrences, with llama.cpp's 2^18-slot index, acceptance ratchet and (k4v) up to
     four counted values per key, ``min_hits`` hits before drafting."""
 
-    def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1, k4v: bool = False):
+    OPTIONS = MAP_OPTIONS
+
+    def __init__(self, size_n: int = _MAP["size_n"], size_m: int = _MAP["size_m"], min_hits: int = _MAP["min_hits"],
+                 k4v: bool = _MAP["k4v"]):
         super().__init__()
-        self.size_n = _check_size("size_n", size_n)
-        self.size_m = _check_size("size_m", size_m)
-        self.min_hits = check_int("min_hits", min_hits, 1, 65535)
-        self.k4v = _check_bool("k4v", k4v)
-        self._core = _core.NgramMap(self.size_n, self.size_m, self.min_hits, self.k4v)
+        self._set_options(size_n=size_n, size_m=size_m, min_hits=min_hits, k4v=k4v)
+        self._impl = _core.NgramMap(self.size_n, self.size_m, self.min_hits, self.k4v)
 
     @property
     def n_keys(self) -> int:
         """Key records made so far."""
-        return self._core.n_keys
+        return self._impl.n_keys
 
     def __repr__(self) -> str:
         kind = "k4v" if self.k4v else "k"
@@ -236,15 +264,17 @@ class NgramMod(_LlamaShaped):
     """ngram-mod: chains ``n_match``-gram lookups in a shared hash table to draft
     ``n_min`` to ``n_max`` tokens (nothing when fewer than ``n_min`` are found); five
     drafts in a row with under a quarter accepted clear the table. ``table``: an
-    ``NgramModTable`` to share, None for a private one (16 MiB)."""
+    ``NgramModTable`` to share, None for a private one (16 MiB). As in llama.cpp, ``n_min``
+    may exceed ``n_max`` (nothing is ever drafted then); ``NgramModDrafter`` refuses that."""
 
-    def __init__(self, n_match: int = 24, n_min: int = 48, n_max: int = 64, table: NgramModTable | None = None):
+    OPTIONS = MOD_OPTIONS
+
+    def __init__(self, n_match: int = _MOD["n_match"], n_min: int = _MOD["n_min"], n_max: int = _MOD["n_max"],
+                 table: NgramModTable | None = None):
         super().__init__()
-        self.n_match = _check_size("n_match", n_match)
-        self.n_min = _check_size("n_min", n_min, 0)
-        self.n_max = _check_size("n_max", n_max, 0)
+        self._set_options(n_match=n_match, n_min=n_min, n_max=n_max)
         self.table = _check_table(table)
-        self._core = _core.NgramMod(self.table._core, self.n_match, self.n_min, self.n_max)
+        self._impl = _core.NgramMod(self.table._impl, self.n_match, self.n_min, self.n_max)
 
     def __repr__(self) -> str:
         return f"<NgramMod n_match={self.n_match} n_min={self.n_min} n_max={self.n_max}, {self.n_tokens} tokens>"
@@ -259,12 +289,13 @@ class NgramSimpleDrafter(CoreSequenceDrafter):
     ngram-simple drafts for the verified sequence, cut to ``n_draft``."""
 
     _SOURCE = 1
+    OPTIONS = SIMPLE_OPTIONS
 
-    def __init__(self, size_n: int = 12, size_m: int = 48, n_draft: int = 16, gate: AdaptiveGate | None = None):
+    def __init__(self, size_n: int = _SIMPLE["size_n"], size_m: int = _SIMPLE["size_m"], n_draft: int = 16,
+                 gate: AdaptiveGate | None = None):
         super().__init__(n_draft, gate)
-        self.size_n = _check_size("size_n", size_n)
-        self.size_m = _check_size("size_m", size_m)
-        self._core = _core.NgramSimpleSequence(self.size_n, self.size_m)
+        self._set_options(size_n=size_n, size_m=size_m)
+        self._impl = _core.NgramSimpleSequence(self.size_n, self.size_m)
 
 
 class NgramMapDrafter(CoreSequenceDrafter):
@@ -272,28 +303,27 @@ class NgramMapDrafter(CoreSequenceDrafter):
     acceptance ratchet is fed with each proposal's accepted prefix."""
 
     _SOURCE = 1
+    OPTIONS = MAP_OPTIONS
 
-    def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1, k4v: bool = False,
-                 n_draft: int = 16, gate: AdaptiveGate | None = None):
+    def __init__(self, size_n: int = _MAP["size_n"], size_m: int = _MAP["size_m"], min_hits: int = _MAP["min_hits"],
+                 k4v: bool = _MAP["k4v"], n_draft: int = 16, gate: AdaptiveGate | None = None):
         super().__init__(n_draft, gate)
-        self.size_n = _check_size("size_n", size_n)
-        self.size_m = _check_size("size_m", size_m)
-        self.min_hits = check_int("min_hits", min_hits, 1, 65535)
-        self.k4v = _check_bool("k4v", k4v)
-        self._core = _core.NgramMapSequence(self.size_n, self.size_m, self.min_hits, self.k4v)
+        self._set_options(size_n=size_n, size_m=size_m, min_hits=min_hits, k4v=k4v)
+        self._impl = _core.NgramMapSequence(self.size_n, self.size_m, self.min_hits, self.k4v)
 
 
 class NgramModDrafter(CoreSequenceDrafter):
     """ngram-mod (see ``NgramMod``) as a ``Drafter``. ``table``: an ``NgramModTable``
-    shared across requests (and drafters, and threads), None for a private one."""
+    shared across requests (and drafters, and threads), None for a private one. Unlike
+    llama.cpp, ``n_min`` above ``n_max`` is refused: such a drafter would never draft."""
 
     _SOURCE = 1
+    OPTIONS = MOD_OPTIONS
+    ORDERED = (("n_min", "n_max"),)
 
-    def __init__(self, n_match: int = 24, n_min: int = 48, n_max: int = 64, table: NgramModTable | None = None,
-                 n_draft: int = 16, gate: AdaptiveGate | None = None):
+    def __init__(self, n_match: int = _MOD["n_match"], n_min: int = _MOD["n_min"], n_max: int = _MOD["n_max"],
+                 table: NgramModTable | None = None, n_draft: int = 16, gate: AdaptiveGate | None = None):
         super().__init__(n_draft, gate)
-        self.n_match = _check_size("n_match", n_match)
-        self.n_min = _check_size("n_min", n_min, 0)
-        self.n_max = _check_size("n_max", n_max, 0)
+        self._set_options(n_match=n_match, n_min=n_min, n_max=n_max)
         self.table = _check_table(table)
-        self._core = _core.NgramModSequence(self.table._core, self.n_match, self.n_min, self.n_max)
+        self._impl = _core.NgramModSequence(self.table._impl, self.n_match, self.n_min, self.n_max)

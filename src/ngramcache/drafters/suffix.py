@@ -9,7 +9,6 @@ proposal rule, costs and the store's guarantees.
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -17,8 +16,9 @@ import numpy as np
 from ngramcache import _core
 from ngramcache._state_file import StateFormat
 from ngramcache._validate import as_tokens, check_int
-from ngramcache.drafters.base import CoreSequenceDrafter
 from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.drafters.options import Option
 
 __all__ = ["SuffixDrafter", "SuffixStore", "SUFFIX_MAX_DEPTH"]
 
@@ -32,8 +32,14 @@ _FORMAT = StateFormat(b"NGSS", 1, "<QIIQ", "a suffix store")
 SUFFIX_MAX_DEPTH = 1024
 
 
+MAX_DEPTH = Option("max_depth", int, 64, "longest match counted", lo=1, hi=SUFFIX_MAX_DEPTH)
+ALPHA = Option("alpha", float, 4.0, "longest draft, in multiples of the match length", lo=0.0, lo_open=True)
+MIN_PROB = Option("min_prob", float, 0.1, "stop the draft where its estimated probability falls below this",
+                  lo=0.0, hi=1.0)
+
+
 def _check_depth(max_depth) -> int:
-    return check_int("max_depth", max_depth, 1, SUFFIX_MAX_DEPTH)
+    return MAX_DEPTH.check(max_depth)
 
 
 class SuffixStore:
@@ -49,47 +55,47 @@ class SuffixStore:
 
     def __init__(self, max_tokens: int = 1_000_000, max_depth: int = 64):
         max_tokens = check_int("max_tokens", max_tokens, 1)
-        self._core = _core.SuffixStore(max_tokens, _check_depth(max_depth))
+        self._impl = _core.SuffixStore(max_tokens, _check_depth(max_depth))
 
     @property
     def max_tokens(self) -> int:
-        return self._core.max_tokens
+        return self._impl.max_tokens
 
     @property
     def max_depth(self) -> int:
-        return self._core.max_depth
+        return self._impl.max_depth
 
     @property
     def n_tokens(self) -> int:
         """Tokens held, over every request."""
-        return self._core.n_tokens
+        return self._impl.n_tokens
 
     @property
     def n_requests(self) -> int:
-        return self._core.n_requests
+        return self._impl.n_requests
 
     @property
     def nbytes(self) -> int:
         """Bytes the store has allocated: its trie and the tokens held (about 170
         bytes a token of text that does not repeat; up to about 4.5 KB a token, at
         max_depth 64, where requests repeat earlier ones at length)."""
-        return self._core.nbytes
+        return self._impl.nbytes
 
     def __len__(self) -> int:
-        return self._core.n_requests
+        return self._impl.n_requests
 
     def add(self, tokens) -> None:
         """Keep a finished request (its prompt and output), evicting the oldest requests
         as the memory bound needs."""
-        self._core.add(as_tokens(tokens))
+        self._impl.add(as_tokens(tokens))
 
     def clear(self) -> None:
         """Forget every request."""
-        self._core.clear()
+        self._impl.clear()
 
     def requests(self) -> list[np.ndarray]:
         """The requests held, oldest first (copies)."""
-        return self._core.requests()
+        return self._impl.requests()
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the store's requests and bounds to ``path`` (atomic: a temporary file
@@ -127,7 +133,7 @@ class SuffixStore:
             raise _FORMAT.damaged(name, "negative token id in a request")
         start = 0
         for k in lengths.tolist():
-            store._core.add(tokens[start : start + k])
+            store._impl.add(tokens[start : start + k])
             start += k
         return store
 
@@ -151,35 +157,29 @@ class SuffixDrafter(CoreSequenceDrafter):
     """
 
     _SOURCE = 2
+    OPTIONS = (MAX_DEPTH, ALPHA, MIN_PROB)
 
-    def __init__(self, n_draft: int = 16, max_depth: int = 64, alpha: float = 4.0, min_prob: float = 0.1,
-                 store: SuffixStore | None = None, gate: AdaptiveGate | None = None):
+    def __init__(self, n_draft: int = 16, max_depth: int = MAX_DEPTH.default, alpha: float = ALPHA.default,
+                 min_prob: float = MIN_PROB.default, store: SuffixStore | None = None,
+                 gate: AdaptiveGate | None = None):
         super().__init__(n_draft, gate)
-        max_depth = _check_depth(max_depth)
-        alpha = _check_real("alpha", alpha)
-        min_prob = _check_real("min_prob", min_prob)
-        if not (alpha > 0 and math.isfinite(alpha)):
-            raise ValueError(f"alpha must be a positive finite number, got {alpha}")
-        if not 0.0 <= min_prob <= 1.0:
-            raise ValueError(f"min_prob must be in [0, 1], got {min_prob}")
+        self._set_options(max_depth=max_depth, alpha=alpha, min_prob=min_prob)
         if store is not None and not isinstance(store, SuffixStore):
             raise TypeError(f"store must be a SuffixStore or None, got {type(store).__name__}")
-        self.max_depth = max_depth
-        self.alpha = alpha
-        self.min_prob = min_prob
         self.store = store
-        self._core = _core.SuffixDrafter(max_depth, alpha, min_prob, None if store is None else store._core)
+        self._impl = _core.SuffixDrafter(self.max_depth, self.alpha, self.min_prob,
+                                         None if store is None else store._impl)
 
     @property
     def nbytes(self) -> int:
         """Bytes allocated for the current request (its trie and tokens), not counting
         the store's."""
-        return self._core.nbytes
+        return self._impl.nbytes
 
     def finish(self) -> None:
         """Hand the request so far to the store (if any) and start an empty sequence;
         a following ``reset`` adds nothing more."""
-        self._core.finish()
+        self._impl.finish()
         self.reset([])
 
     def __repr__(self) -> str:
@@ -188,11 +188,3 @@ class SuffixDrafter(CoreSequenceDrafter):
         return (f"<SuffixDrafter n_draft={self.n_draft} max_depth={self.max_depth} alpha={self.alpha} "
                 f"min_prob={self.min_prob}{extra}{gated}, {self._buf.n} tokens>")
 
-
-def _check_real(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
-        raise ValueError(f"{name} must be a number, got {type(value).__name__}")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {type(value).__name__}") from None

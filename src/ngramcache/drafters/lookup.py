@@ -1,0 +1,131 @@
+"""llama.cpp's lookup decoding as a ``Drafter``, and the caches it reads (shared with
+``CopyDrafter``, whose fallback it is)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ngramcache._validate import NGRAM_MAX
+from ngramcache.cache import NgramCache
+from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.draft import draft_checked
+from ngramcache.drafters.base import SequenceDrafter
+from ngramcache.drafters.options import Option, OptionError
+from ngramcache.static_table import StaticTable
+
+__all__ = ["LookupDrafter", "LookupCaches", "check_caches", "NGRAM_MIN", "NGRAM_MAX_OPTION"]
+
+# The static part drafts with 2-gram keys only (llama.cpp's LLAMA_NGRAM_STATIC).
+_STATIC_NGRAM = 2
+
+NGRAM_MIN = Option("ngram_min", int, 1, "shortest n-gram looked up in the caches", lo=1, hi=NGRAM_MAX)
+NGRAM_MAX_OPTION = Option("ngram_max", int, NGRAM_MAX, "longest n-gram looked up in the caches", lo=1, hi=NGRAM_MAX)
+
+
+def check_caches(static, dynamic) -> None:
+    """The dynamic and static caches of a lookup: an ``NgramCache`` or None, and an
+    ``NgramCache``, a ``StaticTable`` of 2-grams or None. A static table of another
+    n-gram size is refused here rather than at every proposal."""
+    if dynamic is not None and not isinstance(dynamic, NgramCache):
+        raise TypeError(f"dynamic must be an NgramCache or None, got {type(dynamic).__name__}")
+    if static is not None and not isinstance(static, (NgramCache, StaticTable)):
+        raise TypeError(f"static must be an NgramCache, a StaticTable or None, got {type(static).__name__}")
+    if isinstance(static, StaticTable) and static.ngram_size != _STATIC_NGRAM:
+        raise OptionError("static", f"must be a table of {_STATIC_NGRAM}-grams (llama.cpp's LLAMA_NGRAM_STATIC), "
+                                    f"this one holds {static.ngram_size}-grams")
+
+
+class LookupCaches:
+    """The caches of llama.cpp's lookup, for a drafter that drafts from them: ``context``
+    (the n-grams of the current sequence), ``dynamic`` (an ``NgramCache`` of earlier
+    text, or None) and ``static`` (an ``NgramCache``, a ``StaticTable`` of 2-grams, or
+    None). ``_dynamic_changed`` is told when ``dynamic`` is replaced."""
+
+    def _init_caches(self, static, dynamic) -> None:
+        check_caches(static, dynamic)
+        self.static = static
+        self._dynamic = dynamic
+        #: the context cache: the n-grams of the current sequence, kept current with it
+        self.context = NgramCache()
+
+    @property
+    def dynamic(self) -> NgramCache | None:
+        """The dynamic cache drafting reads after the context cache (or None)."""
+        return self._dynamic
+
+    @dynamic.setter
+    def dynamic(self, cache: NgramCache | None) -> None:
+        check_caches(None, cache)
+        self._dynamic = cache
+        self._dynamic_changed()
+
+    def _dynamic_changed(self) -> None:
+        """Hook: ``dynamic`` was replaced."""
+
+    def save_dynamic(self, path: str | os.PathLike) -> NgramCache:
+        """Merge the context cache into the dynamic cache (creating it if there was
+        none) and write it to ``path`` in llama.cpp's format, like ``llama-lookup -lcd``.
+        Returns the dynamic cache."""
+        if self._dynamic is None:
+            self.dynamic = NgramCache()
+        self._dynamic.merge(self.context)
+        self._dynamic.save(path)
+        return self._dynamic
+
+    def _describe(self, parts: list[str]) -> str:
+        if self._dynamic is not None:
+            parts.append("dynamic")
+        if self.static is not None:
+            parts.append("static")
+        if self.gate is not None:
+            parts.append("gated")
+        return f"<{type(self).__name__} {' '.join(parts)}, {self._buf.n} tokens>"
+
+
+class LookupDrafter(LookupCaches, SequenceDrafter):
+    """llama.cpp's lookup decoding as a ``Drafter``.
+
+    Drafts from the context cache (n-grams of the current sequence, kept current
+    incrementally), then the ``dynamic`` cache (an ``NgramCache``, e.g. loaded from a
+    ``-lcd`` file), then the ``static`` table (an ``NgramCache`` or a ``StaticTable`` of
+    2-grams), exactly as ``common_ngram_cache_draft``. Per step the work is proportional
+    to the tokens accepted, never to the length of the sequence.
+
+    With a ``gate`` (an ``AdaptiveGate``), ``propose`` returns only as much of the
+    lookup's proposal as is expected to pay for its verification, often nothing.
+    """
+
+    OPTIONS = (NGRAM_MIN, NGRAM_MAX_OPTION)
+    ORDERED = (("ngram_min", "ngram_max"),)
+
+    def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = 8,
+                 ngram_min: int = NGRAM_MIN.default, ngram_max: int = NGRAM_MAX_OPTION.default,
+                 gate: AdaptiveGate | None = None):
+        super().__init__(n_draft, gate)
+        self._set_options(ngram_min=ngram_min, ngram_max=ngram_max)
+        self._init_caches(static, dynamic)
+
+    def reset(self, prompt_tokens) -> None:
+        """Start a new sequence: the context cache is rebuilt from ``prompt_tokens``."""
+        super().reset(prompt_tokens)
+
+    def _reset_index(self) -> None:
+        self.context.clear()
+        if self._buf.n:
+            self.context.update_checked(self._buf.view(), self.ngram_min, self.ngram_max, self._buf.n)
+
+    def _appended(self, n_new: int) -> None:
+        # only the n-grams ending in the new tokens: O(new tokens)
+        self.context.update_checked(self._buf.view(), self.ngram_min, self.ngram_max, n_new)
+
+    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
+        """(proposal, confidence length, source) for the gate."""
+        # draft() reads only the newest tokens, whatever the length of the sequence
+        cand = draft_checked(self._buf.view(), n, self.context, self._dynamic, self.static,
+                             self.ngram_min, self.ngram_max)
+        return cand, int(cand.size), 0
+
+    def __repr__(self) -> str:
+        return self._describe([f"n_draft={self.n_draft}"])

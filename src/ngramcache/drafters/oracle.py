@@ -1,0 +1,47 @@
+"""A drafter that knows the answer: the ceiling of drafting, for benchmarks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ngramcache._validate import as_tokens
+from ngramcache.drafters.base import SequenceDrafter
+
+__all__ = ["OracleDrafter"]
+
+
+class OracleDrafter(SequenceDrafter):
+    """Proposes the true continuation (taken from a reference run): the ceiling any
+    drafter can reach with the same verification costs. For benchmarks. Once the
+    verified text departs from the continuation it proposes nothing."""
+
+    def __init__(self, continuation, n_draft: int = 8):
+        super().__init__(n_draft)
+        self.continuation = as_tokens(continuation, "continuation")
+        self._n_prompt = 0
+        self._departed = False
+
+    def reset(self, prompt_tokens) -> None:
+        """Start a new sequence; the continuation follows ``prompt_tokens``."""
+        super().reset(prompt_tokens)
+
+    def _reset_index(self) -> None:
+        self._n_prompt = self._buf.n
+        self._departed = False
+
+    def _appended(self, n_new: int) -> None:
+        if self._departed:
+            return
+        start = self._buf.n - n_new - self._n_prompt
+        new = self._buf.view()[self._buf.n - n_new :]
+        self._departed = not np.array_equal(new, self.continuation[start : start + n_new])
+
+    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
+        if self._departed:
+            return np.zeros(0, dtype=np.int32), 0, 0
+        start = self._buf.n - self._n_prompt
+        out = self.continuation[start : start + n]
+        return out, int(out.size), 0
+
+    def __repr__(self) -> str:
+        return f"<OracleDrafter n_draft={self.n_draft}, {self.continuation.size} tokens of continuation>"
