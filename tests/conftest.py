@@ -21,7 +21,6 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-import ngramcache
 import ngramcache as nc
 import reference as ref
 from ngramcache import NgramCache
@@ -252,10 +251,6 @@ def small_ngst(vectors_dir, tmp_path_factory) -> Path:
 
 
 # --- running the command line in-process -----------------------------------------------
-
-HAVE_STATIC = hasattr(ngramcache, "StaticTable")
-needs_static = pytest.mark.skipif(not HAVE_STATIC, reason="StaticTable not in this build yet")
-
 
 def canonical_bytes(cache: NgramCache) -> bytes:
     """cache-stats.jsonl's canonical form: records sorted by key (signed int32 slots,

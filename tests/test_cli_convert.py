@@ -4,7 +4,7 @@ caches that hold several n-gram sizes."""
 from __future__ import annotations
 
 import ngramcache
-from conftest import cache_stats, canonical_sha, needs_static, run_cli, run_json
+from conftest import cache_stats, canonical_sha, run_cli, run_json
 from ngramcache import NgramCache
 
 
@@ -14,7 +14,6 @@ def test_convert_llama_to_llama(vectors_dir, tmp_path, capsys):
     assert canonical_sha(tmp_path / "same.bin") == cache_stats(vectors_dir)["static-small.lcs.bin"]["sha256_canonical"]
 
 
-@needs_static
 def test_convert_round_trip(vectors_dir, tmp_path, capsys):
     a, b = tmp_path / "a.ngst", tmp_path / "b.bin"
     s1 = run_json(capsys, "convert", vectors_dir / "static-small.lcs.bin", a)
@@ -28,7 +27,6 @@ def test_convert_round_trip(vectors_dir, tmp_path, capsys):
     assert (tmp_path / "c.dat").read_bytes()[:4] == b"NGST"
 
 
-@needs_static
 def test_context_caches_and_static_tables(vectors_dir, tmp_path, capsys):
     """A static table holds one n-gram size: a context cache (sizes 1-4) needs --ngram-size."""
     ctx = vectors_dir / "prose.context.bin"

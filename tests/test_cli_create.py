@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ngramcache
-from conftest import canonical_bytes, canonical_sha, cache_stats, needs_static, run_cli, run_json
+from conftest import canonical_bytes, canonical_sha, cache_stats, run_cli, run_json
 from ngramcache import NgramCache
 from ngramcache.corpus.tokenizers import tokenize_files
 from test_cli import tiny_hf_json  # noqa: F401 (a fixture)
@@ -139,7 +139,6 @@ def test_create_invalid_text_names_file_and_offset(tmp_path, capsys):
     assert run_cli(capsys, "create", "-m", "smollm2", "-f", bad, "-lcs", tmp_path / "o.bin", "--no-escape")[0] == 0
 
 
-@needs_static
 def test_create_ngst_matches_llama_counts(vectors_dir, tmp_path, capsys):
     out = tmp_path / "static.ngst"
     s = run_json(capsys, "create", "--tokens", vectors_dir / "small-static.tokens.i32", "-lcs", out)

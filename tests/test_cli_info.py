@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import cache_stats, needs_static, run_cli, run_json
+from conftest import cache_stats, run_cli, run_json
 
 
 @pytest.mark.parametrize("name", ["static-small.lcs.bin", "prose.context.bin", "merged.prose+dynpub.bin"])
@@ -19,7 +19,6 @@ def test_info_llama_matches_cache_stats(vectors_dir, capsys, name):
     assert rc == 0 and "llama.cpp lookup.bin" in out and f"{want['records']:,}" in out
 
 
-@needs_static
 def test_info_ngst(vectors_dir, tmp_path, capsys):
     a = tmp_path / "a.ngst"
     run_json(capsys, "convert", vectors_dir / "static-small.lcs.bin", a)
@@ -30,7 +29,6 @@ def test_info_ngst(vectors_dir, tmp_path, capsys):
     assert rc == 0 and "static table" in out and "79,343" in out
 
 
-@needs_static
 def test_damaged_ngst_is_a_clear_error(vectors_dir, tmp_path, capsys):
     a = tmp_path / "a.ngst"
     run_json(capsys, "convert", vectors_dir / "static-small.lcs.bin", a)

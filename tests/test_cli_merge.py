@@ -3,7 +3,7 @@ static-table inputs and outputs."""
 
 from __future__ import annotations
 
-from conftest import canonical_bytes, canonical_sha, cache_stats, needs_static, run_json
+from conftest import canonical_bytes, canonical_sha, cache_stats, run_json
 from ngramcache import NgramCache
 
 
@@ -22,7 +22,6 @@ def test_merge_single_input_is_a_copy(vectors_dir, tmp_path, capsys):
     assert canonical_sha(out) == cache_stats(vectors_dir)["static-small.lcs.bin"]["sha256_canonical"]
 
 
-@needs_static
 def test_merge_mixed_formats(vectors_dir, tmp_path, capsys):
     ngst = tmp_path / "static.ngst"
     run_json(capsys, "convert", vectors_dir / "static-small.lcs.bin", ngst)
