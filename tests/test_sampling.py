@@ -230,6 +230,10 @@ def test_make_sampler_and_bad_settings():
         SeededSampler(1.0, seed=1)(ROW, 2.5)
     with pytest.raises(ValueError, match="seed"):
         generate(FakeModel(), PROMPT, None, 4, temperature=1.0, seed=-5)
+    with pytest.raises(ValueError, match="position must be >= 0"):
+        gumbel_noise(1, -1, 10)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        gumbel_noise(1.5, 0, 10)
 
 
 # --- through the speculative loop ------------------------------------------------------
@@ -292,12 +296,10 @@ def test_prompt_cache_and_stream_give_the_same_seeded_text():
 def smollm2():
     pytest.importorskip("llama_cpp")
     from ngramcache import llama as nl
-    from ngramcache.models import default_model_path
     try:
-        path = default_model_path("smollm2")
-    except FileNotFoundError as e:
+        llm = nl.make_llama("smollm2", n_ctx=2048, n_batch=64)
+    except FileNotFoundError as e:  # the model's package is not installed
         pytest.skip(str(e))
-    llm = nl.make_llama(path, n_ctx=2048, n_batch=64)
     yield llm
     llm.close()
 

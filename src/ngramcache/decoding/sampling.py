@@ -13,9 +13,9 @@ their probability mass (1: all). ``temperature`` 0 is greedy: the argmax of the 
   an exact sample of the processed distribution (the maximum of log-probabilities plus
   independent standard Gumbel noise falls on token ``j`` with probability ``p_j``), and
   because the noise at a position is fixed before any logits are seen, checking a drafted
-  token is a comparison, exactly as in greedy decoding: the text with drafting is, token
-  for token, the text without it, whatever was drafted, rejected or reused from a prompt
-  cache.
+  token is a comparison, exactly as in greedy decoding: wherever the model computes the
+  same rows batched as one token at a time, the text with drafting is, token for token,
+  the text without it, whatever was drafted, rejected or reused from a prompt cache.
 
 :func:`make_sampler` picks the sampler for ``generate``'s arguments: seeded when a seed is
 given, otherwise :class:`Sampler`.
@@ -43,6 +43,7 @@ def gumbel_noise(seed: int, position: int, n: int) -> np.ndarray:
     used, not a ``Generator`` method (whose streams numpy may change between releases for
     speed or accuracy); the conversion to noise is done here. Entry ``j`` does not depend
     on ``n``."""
+    seed, position, n = check_int("seed", seed, 0), check_int("position", position, 0), check_int("n", n, 0)
     return _gumbel(_raw(seed, position, n))
 
 
