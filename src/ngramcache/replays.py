@@ -298,6 +298,21 @@ def _oob_reads(values, n_chunks: int) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
+def _check_replay(tokens, n_ctx, n_draft, progress, too_short: str) -> tuple[np.ndarray, int, int]:
+    """(tokens, n_ctx, n_draft) of a replay, checked; ``too_short`` says why a text of at
+    most ``n_ctx`` tokens cannot be replayed, ``{}`` standing for the tokens it needs."""
+    n_ctx = check_int("n_ctx", n_ctx, 2)
+    n_draft = check_int("n_draft", n_draft, 0)
+    check_int("n_draft", n_draft, hi=MAX_REPLAY_DRAFT)
+    arr = as_tokens(tokens)
+    if arr.size <= n_ctx:
+        raise ValueError(f"tokens: {arr.size} tokens is too short to replay with n_ctx = {n_ctx}: "
+                         + too_short.format(n_ctx + 1))
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
+    return arr, n_ctx, n_draft
+
+
 def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_dynamic: bool = False,
            progress: Callable[[int, int], object] | None = None, llama_oob=True) -> ReplayStats:
     """Replay ``tokens`` as llama-lookup-stats does and return the statistics.
@@ -325,16 +340,9 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
     recorded by an instrumented build, docs/parity.md): the tokens before a 2-token start
     (S[-2], S[-1]), S[-1] there after one drafted token, and S[-1] before a 3-token start.
     """
-    n_ctx = check_int("n_ctx", n_ctx, 2)
-    n_draft = check_int("n_draft", n_draft, 0)
-    check_int("n_draft", n_draft, hi=MAX_REPLAY_DRAFT)
-    arr = as_tokens(tokens)
-    if arr.size <= n_ctx:
-        raise ValueError(f"tokens: {arr.size} tokens is too short to replay with n_ctx = {n_ctx}: llama-lookup-stats "
-                         f"replays only whole chunks followed by at least one more token, so it needs at least "
-                         f"{n_ctx + 1} (use a longer text or a smaller n_ctx)")
-    if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
+    arr, n_ctx, n_draft = _check_replay(tokens, n_ctx, n_draft, progress,
+                                        "llama-lookup-stats replays only whole chunks followed by at least one more "
+                                        "token, so it needs at least {} (use a longer text or a smaller n_ctx)")
     if isinstance(dynamic, (str, os.PathLike)) and update_dynamic:
         raise ValueError("update_dynamic=True needs an NgramCache object (a cache loaded from a path "
                          "would be updated and thrown away)")
@@ -390,15 +398,7 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
     """
     from ngramcache.drafters.base import CoreSequenceDrafter, Drafter
 
-    n_ctx = check_int("n_ctx", n_ctx, 2)
-    n_draft = check_int("n_draft", n_draft, 0)
-    check_int("n_draft", n_draft, hi=MAX_REPLAY_DRAFT)
-    arr = as_tokens(tokens)
-    if arr.size <= n_ctx:
-        raise ValueError(f"tokens: {arr.size} tokens is too short to replay with n_ctx = {n_ctx}: the replay "
-                         f"needs at least {n_ctx + 1}")
-    if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
+    arr, n_ctx, n_draft = _check_replay(tokens, n_ctx, n_draft, progress, "the replay needs at least {}")
     if not isinstance(drafter, Drafter):
         raise TypeError(f"replay_drafter needs a Drafter (reset, propose, accept, stats), got {type(drafter).__name__}")
     if isinstance(drafter, CoreSequenceDrafter):

@@ -45,7 +45,7 @@ from ngramcache.drafters.suffix import SuffixDrafter
 
 __all__ = ["DrafterSpec", "Shared", "UnknownDrafterError", "register", "unregister", "spec", "specs",
            "make_drafter", "drafter_class", "name_of", "options_table", "shared_state_kinds", "DRAFTERS",
-           "DEFAULT_DRAFTER", "DEFAULT_N_DRAFT", "DYNAMIC", "STATIC", "SUFFIX_STORE", "MOD_TABLE", "MAX_DRAFT",
+           "DEFAULT_DRAFTER", "DEFAULT_N_DRAFT", "DYNAMIC", "embed_options_table", "STATIC", "SUFFIX_STORE", "MOD_TABLE", "MAX_DRAFT",
            "OptionError", "UnknownOptionError"]
 
 # kinds of state a drafter can share across requests
@@ -307,3 +307,20 @@ for _spec in (
 ):
     register(_spec)
 del _spec
+
+
+_TABLE_BEGIN = "<!-- options table: begin"
+_TABLE_END = "<!-- options table: end -->"
+
+
+def embed_options_table(text: str) -> str:
+    """``text`` (a Markdown document) with the lines between its options-table markers
+    (``<!-- options table: begin ... -->`` and ``<!-- options table: end -->``) replaced by
+    ``options_table()``; ValueError if the markers are missing."""
+    begin = text.find(_TABLE_BEGIN)
+    end = text.find(_TABLE_END, begin)
+    if begin < 0 or end < 0:
+        raise ValueError(f"no options table markers ({_TABLE_BEGIN} ... -->, {_TABLE_END})")
+    body = text.index("\n", begin) + 1
+    return text[:body] + options_table() + text[end:]
+
