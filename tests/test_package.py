@@ -1,4 +1,5 @@
-"""The package surface: version, exports, type information."""
+"""The package surface: version, exports, type information; the release artefacts and the wheel
+installed from them (scripts/build-release)."""
 
 import email.parser
 import importlib.metadata
@@ -20,10 +21,14 @@ import ngramcache as nc
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_version_comes_from_pyproject():
+def _pyproject_version() -> str:
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     with open(ROOT / "pyproject.toml", "rb") as f:
-        assert nc.__version__ == tomllib.load(f)["project"]["version"]
+        return tomllib.load(f)["project"]["version"]
+
+
+def test_version_comes_from_pyproject():
+    assert nc.__version__ == _pyproject_version()
 
 
 def test_every_export_exists():
@@ -60,12 +65,6 @@ def test_sanitized_build_under_test():
 
 
 # --- the release artefacts and the installed wheel (scripts/build-release) --------------
-
-def _pyproject_version() -> str:
-    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
-    with open(ROOT / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]["version"]
-
 
 def test_installed_wheel_under_test():
     # scripts/build-release --test and cibuildwheel run these tests from a copy of tests/ against
