@@ -22,6 +22,7 @@
 #include "ngramcache/copy_drafter.hpp"
 #include "ngramcache/drafter_replay.hpp"
 #include "ngramcache/prompt_lookup.hpp"
+#include "ngramcache/lookup_drafter.hpp"
 #include "ngramcache/lookup_file.hpp"
 #include "ngramcache/ngram_map.hpp"
 #include "ngramcache/ngram_mod.hpp"
@@ -629,6 +630,16 @@ void register_sequence_drafters(py::module_& m) {
                 return out;
             }, "Every indexed position by its min_match-gram, oldest first (for tests).");
     }
+    bind_sequence_drafter<LookupDrafter>(m, "LookupDrafter",
+                                         "llama.cpp's lookup: the context cache, then dynamic, then static.")
+        .def(py::init([](SharedCache* context, const SharedCache* dynamic, const py::object& static_obj,
+                         int ngram_min, int ngram_max) {
+                 return new Bound<LookupDrafter>(ngram_min, ngram_max, dynamic, static_source(static_obj), context);
+             }),
+             "context"_a.none(true), "dynamic"_a.none(true), "static"_a.none(true), "ngram_min"_a = 1,
+             "ngram_max"_a = 4, py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::keep_alive<1, 4>())
+        .def("set_dynamic", [](Bound<LookupDrafter>& b, const SharedCache* dynamic) { b.use().set_dynamic(dynamic); },
+             "dynamic"_a.none(true), py::keep_alive<1, 2>());
     bind_sequence_drafter<PromptLookupDrafter>(m, "PromptLookupDrafter",
                                                "Plain prompt lookup (Hugging Face, llama-cpp-python, vLLM).")
         .def(py::init([](int max_ngram, int min_ngram, bool recent) {

@@ -1,6 +1,7 @@
 // The copy drafter: when the newest tokens repeat an earlier stretch of the sequence, it
 // proposes what followed that stretch; otherwise it drafts as llama.cpp's lookup does
-// (context cache, then an optional dynamic cache, then an optional static source).
+// (lookup_drafter.hpp: context cache, then an optional dynamic cache, then an optional
+// static source).
 //
 // The copy: of the earlier places where the last min_match tokens occurred (the newest
 // max_candidates of them), the one whose match extends furthest back wins (up to
@@ -11,11 +12,8 @@
 //
 // Work: appending a token indexes one min_match-gram (O(min_match)) and updates the
 // context cache; a proposal compares at most max_candidates * max_match tokens, or drafts
-// from the caches, whatever the length of the sequence.
-//
-// The context cache may be the caller's (a SharedCache the Python layer also reads, to
-// save it as a dynamic cache); it is then locked for every update, and the dynamic and
-// static caches for every draft, so other threads may read them meanwhile.
+// from the caches, whatever the length of the sequence. The sequence and the caches are
+// the lookup drafter's, locked as it locks them.
 #pragma once
 
 #include <algorithm>
@@ -24,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "draft.hpp"
+#include "lookup_drafter.hpp"
 #include "ngram.hpp"
 #include "shared_cache.hpp"
 #include "span_index.hpp"
@@ -45,8 +43,7 @@ public:
 
     explicit CopyDrafter(const CopyOptions& opt = {}, const SharedCache* dynamic = nullptr,
                          const StaticSource& st = {}, SharedCache* context = nullptr)
-        : opt_(opt), context_(context != nullptr ? context : &own_context_), dynamic_(dynamic), static_(st) {
-        NgramCache::check_sizes(opt.ngram_min, opt.ngram_max);
+        : opt_(opt), lookup_(opt.ngram_min, opt.ngram_max, dynamic, st, context), seq_(lookup_.tokens()) {
         if (opt.min_match < 1 || opt.max_match < opt.min_match)
             throw InputError("need 1 <= min_match <= max_match, got " + std::to_string(opt.min_match) + ", " +
                              std::to_string(opt.max_match));
@@ -57,23 +54,18 @@ public:
     CopyDrafter& operator=(const CopyDrafter&) = delete;
 
     void reset(const token_t* prompt, size_t n) {
-        seq_.assign(prompt, prompt + n);
+        lookup_.reset(prompt, n);
         heads_.clear();
         prev_.clear();
         indexed_ = 0;
         confidence_ = 0;
         source_ = lookup;
-        context_->write([&](NgramCache& c) {
-            c.clear();
-            if (n > 0) c.update(seq_.data(), n, opt_.ngram_min, opt_.ngram_max, n);
-        });
         index_new();
     }
 
     void accept(const token_t* tokens, size_t n) {
         if (n == 0) return;
-        seq_.insert(seq_.end(), tokens, tokens + n);
-        context_->write([&](NgramCache& c) { c.update(seq_.data(), seq_.size(), opt_.ngram_min, opt_.ngram_max, n); });
+        lookup_.accept(tokens, n);
         index_new();
     }
 
@@ -91,9 +83,8 @@ public:
             source_ = copy;
             return n;
         }
-        const size_t n = draft_shared(seq_.data(), seq_.size(), n_max, opt_.ngram_min, opt_.ngram_max, *context_,
-                                      dynamic_, static_, out);
-        confidence_ = static_cast<int>(n);
+        const size_t n = lookup_.propose(n_max, out);
+        confidence_ = lookup_.confidence();
         return n;
     }
 
@@ -103,8 +94,8 @@ public:
     // Where the last proposal came from (Source: lookup 0, copy 1).
     int source() const { return source_; }
 
-    void set_dynamic(const SharedCache* dynamic) { dynamic_ = dynamic; }
-    const SharedCache& context() const { return *context_; }
+    void set_dynamic(const SharedCache* dynamic) { lookup_.set_dynamic(dynamic); }
+    const SharedCache& context() const { return lookup_.context(); }
     const CopyOptions& options() const { return opt_; }
     const std::vector<token_t>& tokens() const { return seq_; }
 
@@ -162,11 +153,8 @@ private:
     }
 
     CopyOptions opt_;
-    SharedCache own_context_;
-    SharedCache* context_;
-    const SharedCache* dynamic_;
-    StaticSource static_;
-    std::vector<token_t> seq_;
+    LookupDrafter lookup_;
+    const std::vector<token_t>& seq_;  // the lookup drafter's sequence
     SpanIndex heads_;            // min_match-gram -> its newest indexed position (the gram's last token)
     std::vector<size_t> prev_;   // [pos]: the previous position of the same gram, npos if none
     size_t indexed_ = 0;         // positions before this one are indexed
