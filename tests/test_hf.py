@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -41,6 +42,14 @@ def tiny_model(vocab: int = 48, seed: int = 0, sharpen: float = 1.0):
 @pytest.fixture(scope="module")
 def tiny():
     return tiny_model(sharpen=8.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_cost_store(tmp_path_factory):
+    """Verification costs measured here are kept in a folder of the tests, not the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NGRAMCACHE_CACHE_DIR", str(tmp_path_factory.mktemp("costs")))
+        yield
 
 
 def plain(model, ids, **kw):
@@ -143,27 +152,26 @@ def test_default_drafter_and_names(tiny):
 
 
 def test_adaptive_drafter_uses_costs(tiny):
+    from ngramcache.decoding.costs import read_costs
+
     costs = hf.verify_costs(tiny, max_batch=5)
     assert len(costs) == 5 and all(c > 0 for c in costs)
     assert costs == sorted(costs)  # a longer batch never costs less
-    assert hf.verify_costs(tiny, max_batch=5) == costs  # kept on the model
+    assert hf.verify_costs(tiny, max_batch=5) == costs  # measured once: kept in the store, or noisy and kept here
+    kept = read_costs(hf.cost_key(tiny))
+    assert kept is None or kept == costs
     d = hf.adaptive_drafter(tiny, "copy", n_draft=4)
     assert isinstance(d, nc.CopyDrafter) and d.gate is not None and d.gate.max_len == 4
     with pytest.raises(ValueError, match="unknown drafter"):
         hf.adaptive_drafter(tiny, "nope", costs=[1.0, 1.1])
 
 
-def test_calibration_grid():
-    assert hf._grid(1) == [1]
-    assert hf._grid(5) == [1, 2, 3, 4, 5]
-    g = hf._grid(33)
-    assert g[:8] == list(range(1, 9)) and g[-1] == 33 and g == sorted(set(g)) and len(g) < 20
-
-
-def test_non_decreasing_costs():
-    assert hf._non_decreasing([1, 2, 3]) == [1, 2, 3]
-    assert hf._non_decreasing([1, 3, 2, 4]) == [1, 2.5, 2.5, 4]  # one slow timing is averaged away
-    assert hf._non_decreasing([1, 5, 2, 2, 2, 6]) == [1, 2.75, 2.75, 2.75, 2.75, 6]
+def test_cost_key_names_the_architecture_and_the_build(tiny):
+    key = hf.cost_key(tiny)
+    assert key.backend == "transformers" and key.model.startswith("LlamaForCausalLM config ")
+    assert torch.__version__ in key.build and "float32" in key.build and key.threads == f"t{torch.get_num_threads()}"
+    assert hf.cost_key(tiny_model(seed=5, sharpen=8.0)) == key  # other weights, the same costs
+    assert hf.cost_key(tiny_model(vocab=64)) != key
 
 
 class Collect:
@@ -199,6 +207,56 @@ def test_return_dict_and_scores(tiny):
     assert len(out.scores) == len(ref.scores) == 12
     for a, b in zip(out.scores, ref.scores):
         assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+class Handed(hf.DrafterCandidateGenerator):
+    """Records every draft it hands to transformers, with the length of the sequence it follows."""
+
+    def __init__(self, drafter):
+        super().__init__(drafter)
+        self.handed = []
+
+    def get_candidates(self, input_ids, **kwargs):
+        out, logits = super().get_candidates(input_ids, **kwargs)
+        self.handed.append((input_ids.shape[1], out[0, input_ids.shape[1]:].tolist()))
+        return out, logits
+
+
+def _accepted_in(handed, seq: list[int]) -> int:
+    total = 0
+    for n, draft in handed:
+        for a, b in zip(draft, seq[n:]):
+            if a != b:
+                break
+            total += 1
+    return total
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_drafting_figures_come_with_the_output(tiny, do_sample):
+    ids = prompt_ids()
+    gen = Handed(nc.PromptLookupDrafter(n_draft=6))
+    torch.manual_seed(3)
+    out = hf.generate(tiny, ids, gen, max_new_tokens=30, do_sample=do_sample, return_dict_in_generate=True)
+    f = out.drafting
+    seq = out.sequences[0].tolist()
+    assert isinstance(f, hf.Drafting) and f.resets == 0 and f.draft_seconds > 0
+    assert f.steps == len(gen.handed) and f.drafted == sum(len(d) for _, d in gen.handed) > 0
+    assert f.accepted == _accepted_in(gen.handed, seq)
+    assert f.accepted > 0 or do_sample  # greedy follows the repeat in the prompt
+    assert len(seq) - ids.shape[1] == f.steps + f.accepted  # each step: the accepted drafts and one token
+    assert f.acceptance == f.accepted / f.drafted
+    if not do_sample:
+        assert seq == plain(tiny, ids, max_new_tokens=30)[0].tolist()
+    # a second call with the same generator reports its own figures; the generator counts on
+    gen.handed.clear()
+    out2 = hf.generate(tiny, out.sequences, gen, max_new_tokens=10, do_sample=do_sample, return_dict_in_generate=True)
+    f2 = out2.drafting
+    assert f2.steps == len(gen.handed) and f2.accepted == _accepted_in(gen.handed, out2.sequences[0].tolist())
+    assert out2.sequences.shape[1] - out.sequences.shape[1] == f2.steps + f2.accepted
+    assert gen.steps == f.steps + f2.steps and gen.accepted == f.accepted + f2.accepted and gen.resets == 0
+    gen.reset_counters()
+    assert (gen.steps, gen.resets, gen.drafted, gen.accepted, gen.draft_seconds) == (0, 0, 0, 0, 0.0)
 
 
 def test_logits_processor_kept(tiny):
@@ -409,6 +467,15 @@ def test_bad_input(tiny):
         hf.generate(tiny, ids, "nope", max_new_tokens=4)
     with pytest.raises(ValueError, match="n_max"):
         hf.DrafterCandidateGenerator(nc.PromptLookupDrafter(), n_max=-1)
+    # ids the model cannot embed are named, with the vocabulary's size
+    beyond = "at index {} is beyond the vocabulary (48 tokens)"
+    for bad, msg in ((torch.tensor([[1, 2, 10**6]]), "token id 1000000 " + beyond.format(2)),
+                     ([5, 48], "token id 48 " + beyond.format(1)),
+                     (np.array([3, 2**63], dtype=np.uint64), "token id 9223372036854775808 " + beyond.format(1)),
+                     (torch.tensor([7, 2**64 - 1], dtype=torch.uint64), "token id 18446744073709551615 " + beyond.format(1)),
+                     (torch.tensor([[4, -3]]), "negative token id -3 at index 1")):
+        with pytest.raises(ValueError, match=re.escape("input_ids: " + msg)):
+            hf.generate(tiny, bad, "pld", max_new_tokens=4)
     gen = hf.DrafterCandidateGenerator(nc.PromptLookupDrafter())
     with pytest.raises(ValueError, match="one sequence"):
         gen.get_candidates(ids.repeat(2, 1))

@@ -105,6 +105,32 @@ def test_adapter_feeds_every_drafter_incrementally(name):
     assert proposed > 0
 
 
+def test_follower_counts_drafted_and_accepted_tokens_and_grows_with_the_sequence():
+    from ngramcache.integrations.follower import SequenceFollower
+
+    rec = Recorder()
+    f = SequenceFollower(rec)
+    seq = list(range(2000))
+    f.follow(seq[:10])
+    f.handed_out([10, 11, 99])  # two right, then a wrong one
+    f.follow(seq[:13])  # the verifier kept 10, 11 and chose 12 itself
+    assert (f.drafted, f.accepted) == (3, 2)
+    f.handed_out([13, 14])
+    f.follow(seq[:16])  # all accepted, plus the model's own token
+    f.handed_out([])
+    f.follow(seq[:1500])  # past the first buffer
+    assert (f.drafted, f.accepted, f.resets, len(f)) == (5, 4, 0, 1500)
+    assert rec.calls[-1] == ("accept", seq[16:1500])
+    f.handed_out([7])
+    f.follow(seq[:1200] + [5])  # a rewind: restarts the drafter; its pending draft is not scored
+    assert (f.drafted, f.resets) == (5, 1) and rec.calls[-1] == ("reset", seq[:1200] + [5])
+    f.forget()
+    f.follow(seq[:3])
+    assert f.resets == 1 and rec.calls[-1] == ("reset", seq[:3])  # forgotten: no rewind counted
+    with pytest.raises(ValueError, match="input_ids"):
+        f.follow([1, -2])
+
+
 def test_adapter_rejects_non_drafters():
     with pytest.raises(TypeError):
         LlamaDrafter(object())
@@ -130,6 +156,22 @@ def test_costs_are_kept_on_disk(tmp_path):
     store_costs(str(model), 2, 2, [0.5], str(cache))  # a damaged file is replaced
     assert json.loads(cache.read_text())
     assert [p.name for p in cache.parent.iterdir()] == ["costs.json"]
+
+
+def test_cost_key_names_the_backend_build_and_kernels(tmp_path):
+    from ngramcache.integrations.llama import _cost_key
+    from ngramcache.integrations.llama_costs import cost_key
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    key = cost_key(str(model), 2, 3)
+    assert key.backend == "llama.cpp" and key.threads == "t2|tb3" and str(model) in key.model
+    assert "repack 0" in key.build and cost_key(str(model), 2, 3, weight_repacking=True) != key
+    assert _cost_key(str(model), 2, 3) == str(key)
+    cache = tmp_path / "costs.json"
+    store_costs(str(model), 2, 3, [0.5, 0.6], str(cache), weight_repacking=True)
+    assert load_costs(str(model), 2, 3, str(cache)) is None  # measured with other kernels
+    assert load_costs(str(model), 2, 3, str(cache), weight_repacking=True) == [0.5, 0.6]
 
 
 @pytest.mark.parametrize("damage", ['{"KEY": [{"a": 1}]}', '{"KEY": [0.1, [0.2]]}', "[" * 100_000])

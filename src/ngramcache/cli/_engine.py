@@ -91,7 +91,7 @@ def build_engine(args, model_default: str = DEFAULT_MODEL):
     engine.temperature = args.temp
     if engine.drafter is not None:  # a bad drafter option fails now, not at the first request
         try:
-            engine._make_drafter(engine.drafter, max(1, engine.n_draft))
+            engine.make_drafter(engine.drafter, max(1, engine.n_draft))
         except (ValueError, TypeError) as e:
             engine.close()
             raise UsageError(f"--drafter {args.drafter}: {e}") from None

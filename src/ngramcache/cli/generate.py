@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import codecs
 import os
 import sys
 import time
 
 from ngramcache.cli._common import UsageError, add_output_flags, check_output_path, check_ranges, command_parser, emit
-from ngramcache.cli._drafters import add_drafter_flags, build_drafter, drafter_options
+from ngramcache.cli._drafters import add_drafter_flags, drafter_options
 from ngramcache.cli._inputs import add_prompt_input, add_threads_flag, read_prompt
 
 HELP = "generate text with a real model and lookup drafting (llama-lookup)"
@@ -73,8 +72,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import ngramcache.integrations.llama as nl
     from ngramcache.cache import NgramCache
+    from ngramcache.decoding.costs import gated_drafter
+    from ngramcache.decoding.text_sink import TextSink
     from ngramcache.files import open_cache
-    from ngramcache.decoding.gate import AdaptiveGate
     from ngramcache.models import model_path
 
     check_ranges(args, [("n_draft", 0, "--spec-draft-n-max must be >= 0"), ("n_predict", -1, "-n must be >= -1"),
@@ -88,7 +88,7 @@ def run(args) -> int:
         args.drafter = "lookup"
     if args.fixed_draft and args.drafter == "copy":
         args.drafter = "lookup"  # llama-lookup's own drafts
-    drafter_options(args)
+    options = drafter_options(args)
     if args.drafter not in ("lookup", "copy") and (args.lookup_cache_static or args.lookup_cache_dynamic):
         raise UsageError(f"-lcs and -lcd apply to --drafter lookup or copy, not {args.drafter}")
     if args.lookup_cache_dynamic:
@@ -104,13 +104,16 @@ def run(args) -> int:
     t_draft_flat = time.perf_counter() - t0
 
     llm = nl.make_llama(model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads)
+    backend = nl.LlamaBackend.of(llm)
     drafter = None
     if not args.no_draft:
-        gate = None
+        costs = None  # --fixed-draft: every proposal verified whole, as llama-lookup does
         if not (args.fixed_draft or args.n_draft == 0):
-            n_batch = nl.LlamaBackend.of(llm).n_batch
-            gate = AdaptiveGate(nl.verify_costs(llm, max_batch=min(args.n_draft + 1, n_batch)))
-        drafter = build_drafter(args, n_draft=args.n_draft, gate=gate, static=static, dynamic=dynamic)
+            costs = nl.verify_costs(llm, max_batch=min(args.n_draft + 1, backend.n_batch))
+        try:
+            drafter = gated_drafter(costs, args.drafter, args.n_draft, static=static, dynamic=dynamic, **options)
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"--drafter {args.drafter}: {e}") from None
     n_predict = args.n_predict if args.n_predict >= 0 else args.ctx_size
 
     out = sys.stdout
@@ -118,24 +121,21 @@ def run(args) -> int:
     if show and not args.no_prompt:
         out.write("\n\n" + prompt.decode("utf-8", errors="replace"))
         out.flush()
-    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    backend = nl.LlamaBackend.of(llm)
+    sink = TextSink(backend)
 
     def on_tokens(tokens, n_from_draft):
         if not show:
             return
-        drafted = b"".join(backend.piece(int(t)) for t in tokens[:n_from_draft])
-        rest = b"".join(backend.piece(int(t)) for t in tokens[n_from_draft:])
+        drafted, own = sink.split(tokens, n_from_draft)
         if drafted:
-            s = dec.decode(drafted)
-            out.write(f"\x1b[34m{s}\x1b[0m" if args.color else s)
-        out.write(dec.decode(rest))
+            out.write(f"\x1b[34m{drafted}\x1b[0m" if args.color else drafted)
+        out.write(own)
         out.flush()
 
     r = nl.generate(llm, prompt, drafter, n_predict, temperature=args.temp, seed=args.seed,
                     top_k=args.top_k, top_p=args.top_p, on_tokens=on_tokens)
     if show:
-        out.write(dec.decode(b"", final=True) + "\n\n")
+        out.write(sink.flush() + "\n\n")
         out.flush()
     if drafter is not None and args.lookup_cache_dynamic and hasattr(drafter, "save_dynamic"):
         drafter.save_dynamic(args.lookup_cache_dynamic)

@@ -14,21 +14,25 @@ import codecs
 __all__ = ["TextSink"]
 
 
+def _never(tok: int) -> bool:
+    return False
+
+
 class TextSink:
     """Turns the tokens a generation settles on into text, piece by piece.
 
-    ``backend``: anything with ``piece(tok) -> bytes`` and ``is_eog(tok) -> bool`` (a
-    ``ngramcache.decoding.loop.Backend``). ``feed(tokens)`` returns the text those tokens
+    ``backend``: anything with ``piece(tok) -> bytes`` and, to tell end-of-generation
+    tokens, ``is_eog(tok) -> bool`` (a ``ngramcache.decoding.loop.Backend`` has both). ``feed(tokens)`` returns the text those tokens
     complete, ``split(tokens, n_from_draft)`` the same in two parts (what the first
     ``n_from_draft`` tokens complete, then the rest), ``flush()`` the text left at the end.
     Joined, the parts equal :meth:`text_of` the same tokens."""
 
     def __init__(self, backend):
         piece, is_eog = getattr(backend, "piece", None), getattr(backend, "is_eog", None)
-        if not callable(piece) or not callable(is_eog):
-            raise TypeError(f"backend must have piece() and is_eog(), got {type(backend).__name__}")
+        if not callable(piece):
+            raise TypeError(f"backend must have piece(tok) -> bytes, got {type(backend).__name__}")
         self._piece = piece
-        self._is_eog = is_eog
+        self._is_eog = is_eog if callable(is_eog) else _never
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def _bytes(self, tokens) -> bytes:

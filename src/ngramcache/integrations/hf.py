@@ -13,14 +13,16 @@
   transformers itself (``from_pretrained(folder, gguf_file=name)``), dequantised to float32
   on the CPU; no model hub is contacted.
 * ``calibrate`` / ``verify_costs``: what a forward pass of k tokens costs this model after a
-  context, the curve ``ngramcache.decoding.gate.AdaptiveGate`` needs; ``adaptive_drafter`` builds a
-  drafter whose draft length follows it.
+  context (``ngramcache.decoding.costs``, kept in its store on disk), the curve
+  ``ngramcache.decoding.gate.AdaptiveGate`` needs; ``adaptive_drafter`` builds a drafter whose
+  draft length follows it (these live in ``ngramcache.integrations.hf_costs``).
 
 Supported transformers versions: 4.57 to 5.x (see docs/hf.md for the versions tested).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import re
@@ -31,8 +33,9 @@ import numpy as np
 
 import ngramcache.models as models
 from ngramcache._validate import check_int
-from ngramcache.drafters.base import Drafter, DraftStats
-from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.drafters.base import Drafter
+from ngramcache.integrations.follower import Following, SequenceFollower
+from ngramcache.integrations.hf_costs import GATE_OPTIONS, adaptive_drafter, calibrate, cost_key, verify_costs
 
 try:
     import torch
@@ -49,8 +52,8 @@ except ImportError as e:  # the module imports without the extra; using it needs
         requires_model_outputs = False
 
 
-__all__ = ["DrafterCandidateGenerator", "generate", "load_model", "chat_input_ids", "calibrate",
-           "verify_costs", "adaptive_drafter", "GATE_OPTIONS", "MIN_TRANSFORMERS"]
+__all__ = ["DrafterCandidateGenerator", "Drafting", "generate", "load_model", "chat_input_ids", "calibrate",
+           "verify_costs", "cost_key", "adaptive_drafter", "GATE_OPTIONS", "MIN_TRANSFORMERS"]
 
 #: the oldest transformers release this module supports (the first whose assisted
 #: generation builds its candidate generator inside the decoding loop)
@@ -71,8 +74,9 @@ def _need_hf() -> None:
                           f"found {transformers.__version__}: pip install 'ngramcache[hf]'")
 
 
-def _as_ids(input_ids) -> "torch.Tensor":
-    """``input_ids`` as a (1, n) int64 tensor: a tensor, an array or a list of ints."""
+def _as_ids(input_ids, n_vocab: int | None = None) -> "torch.Tensor":
+    """``input_ids`` as a (1, n) int64 tensor: a tensor, an array or a list of ints, every
+    id in ``0 .. n_vocab - 1`` (the model's embedding would fail with a bare IndexError)."""
     if isinstance(input_ids, torch.Tensor):
         t = input_ids
     else:
@@ -91,16 +95,34 @@ def _as_ids(input_ids) -> "torch.Tensor":
                          f"assisted generation), got a batch of {t.shape[0]}")
     if t.shape[1] == 0:
         raise ValueError("input_ids is empty: give at least one prompt token")
+    # checked in NumPy: torch has no max() for uint64, and converting first would wrap ids >= 2**63
+    row = t[0].detach().cpu().numpy()
+    bad = np.flatnonzero(row < 0)
+    if bad.size:
+        raise ValueError(f"input_ids: negative token id {row[bad[0]]} at index {bad[0]}")
+    if n_vocab is not None:
+        bad = np.flatnonzero(row >= n_vocab)
+        if bad.size:
+            raise ValueError(f"input_ids: token id {row[bad[0]]} at index {bad[0]} is beyond the vocabulary "
+                             f"({n_vocab} tokens)")
     return t.to(torch.long)
 
 
-class DrafterCandidateGenerator(CandidateGenerator):
+def _vocab_size(model) -> int:
+    """The ids ``model`` can embed: its input embedding's rows, else its config's vocab_size."""
+    emb = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    n = getattr(emb, "num_embeddings", None)
+    return int(n) if n is not None else int(model.config.get_text_config().vocab_size)
+
+
+class DrafterCandidateGenerator(Following, CandidateGenerator):
     """Any ``Drafter`` as a transformers ``CandidateGenerator``.
 
-    transformers hands the generator the whole sequence at every step. The generator
-    remembers what it showed the drafter: when the sequence extends it, only the new
-    tokens go to the drafter (``accept``); otherwise (a new request, a rewind) the drafter
-    restarts from the sequence (``reset``; counted in ``resets``). The verified tokens of a
+    transformers hands the generator the whole sequence at every step. A
+    :class:`~ngramcache.integrations.follower.SequenceFollower` remembers what the drafter
+    was shown: when the sequence extends it, only the new tokens go to the drafter
+    (``accept``); otherwise (a new request, a rewind) the drafter restarts from the
+    sequence (``reset``; counted in ``resets``). The verified tokens of a
     step reach the drafter as soon as transformers reports them
     (``update_candidate_strategy``), so even the last step of a generation is seen (a
     drafter that learns across requests, e.g. ``SuffixDrafter`` with a store, keeps it).
@@ -109,29 +131,29 @@ class DrafterCandidateGenerator(CandidateGenerator):
     ``max_length`` (the draft plus the model's own next token fit), and ends before the
     first EOS token it contains and before the first token after which one of
     ``stopping_criteria`` fires: that token is left to the model's own next token, so
-    verification never accepts a token past the point where plain decoding stops. ``generate`` sets ``eos_token_id``, ``max_length`` and ``stopping_criteria``
-    from each call's generation config and stopping criteria. ``draft_seconds`` is the time spent in the generator
-    (drafting and the bookkeeping around it) since the last ``reset``.
+    verification never accepts a token past the point where plain decoding stops.
+    ``generate`` sets ``eos_token_id``, ``max_length`` and ``stopping_criteria`` from each
+    call's generation config and stopping criteria.
+
+    Counters since the last ``reset_counters``: ``steps`` (drafts asked for), ``resets``,
+    ``drafted`` and ``accepted`` (drafted tokens handed to transformers, and those its
+    verification kept, counted from the sequences it reports) and ``draft_seconds`` (the
+    time spent in the generator: drafting and the bookkeeping around it).
     """
 
     requires_model_outputs = False
 
     def __init__(self, drafter: Drafter, n_max: int | None = None, eos_token_id=None,
                  max_length: int | None = None):
-        if not isinstance(drafter, Drafter):
-            raise TypeError(f"drafter must implement the Drafter protocol, got {type(drafter).__name__}")
-        self.drafter = drafter
+        self._follower = SequenceFollower(drafter)
         self.n_max = check_int("n_max", n_max, 0, none_ok=True)
         self.max_length = check_int("max_length", max_length, 1, none_ok=True)
         self.eos_token_id = eos_token_id
         #: criteria (besides EOS and max_length) a draft must not run past; ``generate``
         #: sets them from each call's stopping criteria
         self.stopping_criteria: list = []
-        self.resets = 0  # times the sequence was not an extension of what the drafter had
         self.steps = 0  # get_candidates calls
         self.draft_seconds = 0.0
-        self._seq = np.empty(0, dtype=np.int64)
-        self._n = 0
 
     @property
     def eos_token_id(self) -> frozenset:
@@ -153,11 +175,6 @@ class DrafterCandidateGenerator(CandidateGenerator):
             raise TypeError(f"eos_token_id must be None, an int or a sequence of ints, got {value!r}") from None
 
     @property
-    def stats(self) -> DraftStats:
-        """The wrapped drafter's counters."""
-        return self.drafter.stats
-
-    @property
     def num_drafting_tokens(self) -> int:
         """The most tokens one draft can hold: ``n_max``, else the drafter's ``n_draft``
         (8 for a drafter without one). transformers reads it before the first step (a cache
@@ -166,27 +183,18 @@ class DrafterCandidateGenerator(CandidateGenerator):
         return self.n_max if self.n_max is not None else int(getattr(self.drafter, "n_draft", 8))
 
     def reset_counters(self) -> None:
-        """Zero ``resets``, ``steps`` and ``draft_seconds``, and forget the sequence (the
-        next call restarts the drafter)."""
-        self.resets = self.steps = 0
+        """Zero ``steps``, ``resets``, ``drafted``, ``accepted`` and ``draft_seconds``, and
+        forget the sequence (the next call restarts the drafter)."""
+        self.steps = 0
         self.draft_seconds = 0.0
-        self._n = 0
+        f = self._follower
+        f.resets = f.drafted = f.accepted = 0
+        f.forget()
 
-    def _sync(self, ids: np.ndarray) -> None:
-        n = self._n
-        if n and ids.size >= n and np.array_equal(ids[:n], self._seq[:n]):
-            if ids.size > n:
-                self.drafter.accept(ids[n:].astype(np.int32))
-        else:
-            if n:
-                self.resets += 1
-            self.drafter.reset(ids.astype(np.int32))
-        if ids.size > self._seq.size:
-            grown = np.empty(max(ids.size, 2 * self._seq.size, 1024), dtype=np.int64)
-            grown[:n] = self._seq[:n]
-            self._seq = grown
-        self._seq[n : ids.size] = ids[n:]
-        self._n = int(ids.size)
+    def figures(self) -> "Drafting":
+        """The counters now, as a :class:`Drafting`."""
+        return Drafting(steps=self.steps, resets=self.resets, drafted=self.drafted, accepted=self.accepted,
+                        draft_seconds=self.draft_seconds)
 
     @staticmethod
     def _row(input_ids) -> np.ndarray:
@@ -200,24 +208,23 @@ class DrafterCandidateGenerator(CandidateGenerator):
         with the draft: a drafter proposes tokens, and transformers then verifies them
         against the model's own choices (greedy) or samples (sampling)."""
         t0 = time.perf_counter()
-        ids = self._row(input_ids)
-        self._sync(ids)
+        ids = self._follower.follow(self._row(input_ids))
         self.steps += 1
         n = self.num_drafting_tokens
         if self.max_length is not None:
             n = min(n, self.max_length - int(ids.size) - 1)
         out = input_ids
-        if n > 0:
-            draft = np.asarray(self.drafter.propose(n), dtype=np.int64)[:n]
-            if draft.size:
-                if self._eos:
-                    for i, tok in enumerate(draft.tolist()):
-                        if tok in self._eos:
-                            draft = draft[:i]
-                            break
-                out = torch.cat((input_ids, torch.from_numpy(draft).to(input_ids.device).unsqueeze(0)), dim=1)
-                if self.stopping_criteria:
-                    out = self._cut_at_stop(out, int(ids.size))
+        draft = np.asarray(self.drafter.propose(n), dtype=np.int64)[:n] if n > 0 else np.zeros(0, dtype=np.int64)
+        if self._eos:
+            for i, tok in enumerate(draft.tolist()):
+                if tok in self._eos:
+                    draft = draft[:i]
+                    break
+        if draft.size:
+            out = torch.cat((input_ids, torch.from_numpy(draft).to(input_ids.device).unsqueeze(0)), dim=1)
+            if self.stopping_criteria:
+                out = self._cut_at_stop(out, int(ids.size))
+        self._follower.handed_out(draft[: out.shape[1] - ids.size])
         self.draft_seconds += time.perf_counter() - t0
         return out, None
 
@@ -234,11 +241,32 @@ class DrafterCandidateGenerator(CandidateGenerator):
         """transformers' report after verification: the drafter is given the verified
         tokens at once."""
         t0 = time.perf_counter()
-        self._sync(self._row(input_ids))
+        self._follower.follow(self._row(input_ids))
         self.draft_seconds += time.perf_counter() - t0
 
     def __repr__(self) -> str:
         return f"<DrafterCandidateGenerator {self.drafter!r}, {self.steps} steps, {self.resets} resets>"
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafting:
+    """The drafting figures of one ``generate`` call (``out.drafting`` with
+    ``return_dict_in_generate=True``): drafting ``steps``, ``resets`` of the drafter,
+    tokens ``drafted`` and of those ``accepted``, and ``draft_seconds`` spent drafting."""
+
+    steps: int
+    resets: int
+    drafted: int
+    accepted: int
+    draft_seconds: float
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted / drafted (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def __sub__(self, before: "Drafting") -> "Drafting":
+        return Drafting(*(getattr(self, f.name) - getattr(before, f.name) for f in dataclasses.fields(self)))
 
 
 # ---------------------------------------------------------------------------------
@@ -297,7 +325,9 @@ def generate(model, input_ids, drafter=None, **generate_kwargs):
     ``do_sample``, ``logits_processor``, ``stopping_criteria``, ``streamer``,
     ``return_dict_in_generate``, ...), except ``custom_generate``, ``assistant_model``,
     ``prompt_lookup_num_tokens`` and beam search, which would replace the drafts.
-    Returns what ``model.generate`` returns.
+    Returns what ``model.generate`` returns; with ``return_dict_in_generate=True`` its
+    output also carries ``drafting``, this call's :class:`Drafting` figures (drafted,
+    accepted, acceptance, steps, resets, draft_seconds).
     """
     _need_hf()
     if not isinstance(model, transformers.PreTrainedModel) or not hasattr(model, "generate"):
@@ -305,7 +335,7 @@ def generate(model, input_ids, drafter=None, **generate_kwargs):
     for k in ("custom_generate", "assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit"):
         if generate_kwargs.get(k) is not None:
             raise ValueError(f"ngramcache.integrations.hf.generate supplies the drafts itself: {k} cannot be given")
-    ids = _as_ids(input_ids)
+    ids = _as_ids(input_ids, _vocab_size(model))
     if isinstance(drafter, DrafterCandidateGenerator):
         generator = drafter
     else:
@@ -321,7 +351,11 @@ def generate(model, input_ids, drafter=None, **generate_kwargs):
         return _run_assisted(model, generator, input_ids, logits_processor, stopping_criteria, generation_config,
                              synced_gpus=synced_gpus, **model_kwargs)
 
-    return model.generate(ids.to(model.device), custom_generate=decode, **generate_kwargs)
+    before = generator.figures()
+    out = model.generate(ids.to(model.device), custom_generate=decode, **generate_kwargs)
+    if isinstance(out, transformers.utils.ModelOutput):
+        out.drafting = generator.figures() - before
+    return out
 
 
 # ---------------------------------------------------------------------------------
@@ -379,109 +413,3 @@ def chat_input_ids(tokenizer, text: str | Sequence[dict]) -> "torch.Tensor":
     if not isinstance(out, torch.Tensor):  # newer releases return a BatchEncoding
         out = out["input_ids"]
     return out
-
-
-# ---------------------------------------------------------------------------------
-# verification costs and the adaptive drafter
-
-
-def _grid(max_batch: int) -> list[int]:
-    """The batch sizes ``calibrate`` times: every size up to 8, then about four per doubling,
-    and ``max_batch`` itself."""
-    ks, k = [], 1
-    while k < max_batch:
-        ks.append(k)
-        k += 1 if k < 8 else max(1, k // 4)
-    return ks + [max_batch]
-
-
-def calibrate(model, max_batch: int = 33, n_context: int = 256, repeats: int = 3) -> list[float]:
-    """Seconds for a forward pass of k = 1..``max_batch`` tokens after ``n_context`` tokens
-    of context (with logits for the k positions and the choice of a token from each, as
-    verification does). Every k up to 8 is timed, then about four per doubling (the curve
-    is smooth there; the rest is interpolated). Batch sizes are interleaved, each keeps the
-    fastest of ``repeats`` rounds (load from other processes only ever adds time), and the
-    curve is the closest non-decreasing one (a longer batch never costs less)."""
-    _need_hf()
-    max_batch = check_int("max_batch", max_batch, 1)
-    n_context = check_int("n_context", n_context, 1)
-    repeats = check_int("repeats", repeats, 1)
-    from transformers import DynamicCache
-
-    vocab = int(model.config.get_text_config().vocab_size)
-    lo = 100 if vocab > 1000 else 0  # clear of a real vocabulary's special tokens
-    ctx = torch.arange(n_context + max_batch, dtype=torch.long) * 7919 % min(vocab - lo, 30000) + lo
-    ctx = ctx.unsqueeze(0).to(model.device)
-    kw = {}
-    params = inspect.signature(model.forward).parameters
-    cache_kw = "past_key_values" if "past_key_values" in params else "cache"
-    grid = _grid(max_batch)
-    best = {k: float("inf") for k in grid}
-    with torch.no_grad():
-        cache = DynamicCache()
-        model(input_ids=ctx[:, :n_context], use_cache=True, **{cache_kw: cache})
-        for r in range(repeats + 1):  # round 0 warms up
-            for k in grid:
-                t = time.perf_counter()
-                pos = torch.arange(n_context, n_context + k, device=model.device).unsqueeze(0)
-                if "logits_to_keep" in params:
-                    kw["logits_to_keep"] = k
-                out = model(input_ids=ctx[:, n_context : n_context + k], position_ids=pos, use_cache=True,
-                            **{cache_kw: cache}, **kw)
-                out.logits[0, -k:].float().argmax(dim=-1).tolist()
-                dt = time.perf_counter() - t
-                cache.crop(-k)  # back to the context (a negative count removes tokens)
-                if r:
-                    best[k] = min(best[k], dt)
-    curve = np.interp(np.arange(1, max_batch + 1), grid, _non_decreasing([best[k] for k in grid]))
-    return [float(x) for x in curve]
-
-
-def _non_decreasing(y: Sequence[float]) -> list[float]:
-    """The non-decreasing sequence closest to ``y`` in least squares (pool adjacent
-    violators): one slow timing flattens its neighbourhood instead of lifting every
-    longer batch."""
-    blocks: list[list[float]] = []  # [mean, count]
-    for v in y:
-        blocks.append([float(v), 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            m2, n2 = blocks.pop()
-            m1, n1 = blocks[-1]
-            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
-    return [m for m, n in blocks for _ in range(int(n))]
-
-
-def verify_costs(model, max_batch: int = 33, refresh: bool = False) -> list[float]:
-    """``calibrate(model, max_batch)``, measured once per model object (kept on it)."""
-    max_batch = check_int("max_batch", max_batch, 1)
-    have = getattr(model, "_ngramcache_costs", None)
-    if not refresh and have is not None and len(have) >= max_batch:
-        return list(have[:max_batch])
-    costs = calibrate(model, max_batch)
-    try:
-        model._ngramcache_costs = costs
-    except AttributeError:
-        pass
-    return costs
-
-
-#: the gate's settings for transformers on a CPU: verifying 33 tokens costs about 3x one, so a
-#: wrong guess is cheap and a slow start is dear (a uniform prior, little pooling, positions
-#: not reached yet take the furthest reached one's estimate); measured with bench/bench_hf.py
-GATE_OPTIONS = {"prior": (1.0, 1.0), "shrink": 1.0, "carry_forward": True}
-
-
-def adaptive_drafter(model, drafter: str | None = None, n_draft: int = 32, costs: Sequence[float] | None = None,
-                     **options) -> Drafter:
-    """The drafter called ``drafter`` (``ngramcache.drafters.catalog``; None: its default) with an
-    ``AdaptiveGate`` on this model's verification costs (``verify_costs``, or ``costs``:
-    seconds per batch of 1..n_draft+1 tokens) and ``GATE_OPTIONS``, proposing up to
-    ``n_draft`` tokens.
-    ``options``: the drafter's own keywords."""
-    from ngramcache.drafters.catalog import DEFAULT_DRAFTER, make_drafter
-
-    n_draft = check_int("n_draft", n_draft, 0)
-    name = DEFAULT_DRAFTER if drafter is None else drafter
-    if costs is None:
-        costs = verify_costs(model, max_batch=n_draft + 1) if n_draft > 0 else [1.0]
-    return make_drafter(name, n_draft=n_draft, gate=AdaptiveGate(costs, **GATE_OPTIONS), **options)
