@@ -229,6 +229,8 @@ def test_prompt_cache_serves_the_next_turn_from_the_kv_cache(server):
     ({"prompt": "x", "speculative": {"n_draft": 1000}}, 400, "speculative.n_draft"),
     ({"prompt": "x", "speculative": {"colour": "red"}}, 400, "speculative.colour"),
     ({"prompt": "x", "speculative": "copy"}, 422, "speculative"),
+    ({"prompt": "x", "speculative": {"drafter": "suffix", "options": {"max_depth": 0}}}, 400,
+     "speculative.options.max_depth"),
     ({"prompt": "x", "temperature": -1}, 422, "temperature"),
 ])
 def test_bad_completion_requests_get_openai_errors(server, body, status, param):

@@ -115,13 +115,36 @@ def test_engine_answers_what_the_model_alone_would(spec):
     ({"enabled": "yes"}, "speculative.enabled"),
     ({"colour": "red"}, "speculative.colour"),
     ("copy", "speculative"),
+    ({"drafter": "suffix", "options": {"max_depth": 0}}, "speculative.options.max_depth"),
+    ({"drafter": "suffix", "options": {"max_depth": "deep"}}, "speculative.options.max_depth"),
+    ({"drafter": "suffix", "options": {"size_n": 3}}, "speculative.options.size_n"),
+    ({"drafter": "suffix", "options": [1]}, "speculative.options"),
+    ({"enabled": False, "drafter": None, "options": {"max_depth": 3}}, "speculative.options"),
 ])
 def test_speculative_is_checked_once_with_the_field_named(spec, param):
     with pytest.raises(RequestError) as e:
         resolve_speculative(spec, "copy", 16)
     assert e.value.param == param and e.value.status == 400
-    assert resolve_speculative({"drafter": "mod", "n_draft": 4}, "copy", 16) == ("mod", 4)
-    assert resolve_speculative(None, None, 16) == (None, 0)
+    assert param in str(e.value)
+
+
+def test_speculative_plans():
+    assert resolve_speculative({"drafter": "mod", "n_draft": 4}, "copy", 16) == ("mod", 4, {})
+    assert resolve_speculative(None, None, 16) == (None, 0, {})
+    assert resolve_speculative({"enabled": False}, "copy", 16) == (None, 0, {})
+    plan = resolve_speculative({"drafter": "suffix", "options": {"max_depth": 8, "min_prob": 1}}, "copy", 16)
+    assert plan == ("suffix", 16, {"max_depth": 8, "min_prob": 1.0})
+    assert type(plan.options["min_prob"]) is float
+
+
+def test_a_request_s_drafter_options_reach_its_drafter():
+    engine = _engine(drafter="suffix", drafter_options={"max_depth": 5, "alpha": 2.0})
+    try:
+        d = engine.make_drafter("suffix", 4, {"max_depth": 9})
+        assert (d.max_depth, d.alpha) == (9, 2.0)  # the request's option over the server's
+        assert engine.make_drafter("mod", 4).n_draft == 4
+    finally:
+        engine.close(timeout=30)
 
 
 def test_submit_raises_typed_errors_that_carry_status_and_param():
@@ -274,7 +297,7 @@ def test_memory_learns_every_state():
     assert mem.dynamic.get([5, 6]) == expected.get([5, 6])
     assert mem.suffix.n_tokens == seq.size
     assert mem.mod.used > 0
-    assert set(mem.drafter_options("copy")) == {"dynamic"}
+    assert mem.drafter_options("copy") == {"dynamic": mem.dynamic}
     assert mem.drafter_options("suffix") == {"store": mem.suffix}
     assert mem.drafter_options("mod") == {"table": mem.mod}
     assert mem.drafter_options("simple") == {}

@@ -9,6 +9,7 @@ import time
 from ngramcache._state_file import StateFileError
 from ngramcache.cli._common import RunError, UsageError, command_parser
 from ngramcache.cli._engine import add_engine_flags, build_engine
+from ngramcache.drafters import registry
 
 HELP = "an OpenAI-compatible server and chat page with speculative decoding"
 DESCRIPTION = ("Serves /v1/completions, /v1/chat/completions (streaming too), /v1/models, /health, "
@@ -62,9 +63,13 @@ def _check(args) -> None:
         raise UsageError(f"--max-queue must be >= 1, got {args.max_queue}")
     if not 0 <= args.shutdown_timeout <= 3600:
         raise UsageError(f"--shutdown-timeout must be in [0, 3600] seconds, got {args.shutdown_timeout}")
-    if args.lookup_cache_static and (args.no_draft or args.drafter not in ("copy", "lookup")):
-        raise UsageError(f"-lcs applies to --drafter copy or lookup, not "
-                         f"{'--no-draft' if args.no_draft else args.drafter}")
+    if args.lookup_cache_static and (args.no_draft or not _reads_static(args.drafter)):
+        readers = " or ".join(s.name for s in registry.specs() if _reads_static(s.name))
+        raise UsageError(f"-lcs applies to --drafter {readers}, not {'--no-draft' if args.no_draft else args.drafter}")
+
+
+def _reads_static(drafter: str) -> bool:
+    return any(s.kind == registry.STATIC for s in registry.spec(drafter).shared_state)
 
 
 def _static_table(path: str):

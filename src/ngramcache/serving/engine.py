@@ -42,10 +42,6 @@ __all__ = ["Engine", "resolve_speculative", "Memory", "Job", "JobResult", "ChatT
 
 log = logging.getLogger("ngramcache.serving")
 
-#: the drafters that read a static table (``static=``) and the memory's dynamic cache
-_STATIC_READERS = ("copy", "lookup")
-
-
 def _llama_parts(llm, chat_template: ChatTemplate | None):
     """(backend, tokenize, chat template) of a ``llama_cpp.Llama``: its LlamaBackend, and
     text to ids with a BOS only where the text (a rendered template) has none."""
@@ -82,10 +78,10 @@ class Engine:
                  adaptive: bool = True, memory: Memory | None = None, memory_path: str | os.PathLike | None = None,
                  save_every: float | None = None, chat_template: ChatTemplate | None = None, static=None,
                  max_queue: int | None = None):
-        from ngramcache.drafters.catalog import DRAFTERS
+        from ngramcache.drafters import registry
 
-        if drafter is not None and drafter not in DRAFTERS:
-            raise ValueError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
+        if drafter is not None:
+            registry.spec(drafter)  # an unknown name: a ValueError naming the choices
         self.llm = None
         if is_backend(model):
             self.backend = model
@@ -253,11 +249,12 @@ class Engine:
         self._last_save = time.monotonic()
         return True
 
-    def make_drafter(self, name: str, n_draft: int):
+    def make_drafter(self, name: str, n_draft: int, options: dict | None = None):
         """The drafter ``name`` as a job gets it: the engine's options when ``name`` is its
-        default drafter, the memory's shared state, the static table, the adaptive gate."""
+        default drafter, then ``options`` (a request's own), the shared state its registry
+        spec takes (the memory's, the static table), the adaptive gate."""
         from ngramcache.decoding.gate import AdaptiveGate
-        from ngramcache.drafters.catalog import make_drafter
+        from ngramcache.drafters import registry
 
         gate = None
         if self.costs is not None:
@@ -267,11 +264,12 @@ class Engine:
                 costs = list(costs) + [costs[-1] + step * (i + 1) for i in range(n_draft + 1 - len(costs))]
             gate = AdaptiveGate(costs[: n_draft + 1])
         opts = dict(self.drafter_opts) if name == self.drafter else {}
-        if self.memory is not None:
-            opts.update(self.memory.drafter_options(name))
-        if self.static is not None and name in _STATIC_READERS:
-            opts["static"] = self.static
-        return make_drafter(name, n_draft=n_draft, gate=gate, **opts)
+        opts.update(options or {})
+        shared = self.memory.shared_state() if self.memory is not None else {}
+        if self.static is not None:
+            shared[registry.STATIC] = self.static
+        spec = registry.spec(name)
+        return spec.make(n_draft, gate, **opts, **spec.shared_kwargs(shared))
 
     _make_drafter = make_drafter  # the name the command line's engine builder calls
 
@@ -329,9 +327,10 @@ class Engine:
             return
         self.running = job
         try:
-            name, n_draft = job.plan if job.plan is not None else resolve_speculative(
-                job.speculative, self.drafter, self.n_draft)
-            drafter = self.make_drafter(name, n_draft) if name is not None else None
+            plan = job.plan if job.plan is not None else resolve_speculative(job.speculative, self.drafter,
+                                                                             self.n_draft)
+            name = plan.drafter
+            drafter = self.make_drafter(name, plan.n_draft, plan.options) if name is not None else None
             stops = StopFilter(job.stop)
             sink = TextSink(self.backend)
             emit = job.on_text
@@ -368,7 +367,7 @@ class Engine:
                                accepted=res.accepted, t_prompt=res.t_prompt, t_draft=res.t_draft,
                                t_verify=res.t_verify, t_total=res.t_total, t_queue=t_queue)
             if self.memory is not None and job.learn and reason != "cancelled":
-                self.memory.learn(np.concatenate([job.prompt, res.tokens]), mod_learned=name == "mod")
+                self.memory.learn(np.concatenate([job.prompt, res.tokens]), mod_learned=_drafts_into_mod_table(name))
             self.tally.count(result=result)
             self._finish(job, result=result)
         except BaseException as e:  # the job's error, never the worker's end
@@ -377,3 +376,12 @@ class Engine:
             self._finish(job, error=e)
         finally:
             self.running = None
+
+
+def _drafts_into_mod_table(name: str | None) -> bool:
+    # a drafter that writes the ngram-mod table learns the request into it as it drafts
+    from ngramcache.drafters import registry
+
+    if name is None:
+        return False
+    return any(s.kind == registry.MOD_TABLE and s.writes for s in registry.spec(name).shared_state)

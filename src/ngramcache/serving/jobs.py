@@ -60,8 +60,8 @@ class Job:
     ``prompt``: token ids. ``on_text(text, from_draft)`` receives the text as it is
     settled, in pieces, each marked whether its tokens came from accepted drafts
     (called on the worker thread). ``speculative``: None for the engine's defaults, else
-    ``{"enabled": bool, "drafter": name, "n_draft": int}`` (any subset), checked when the
-    job is submitted. ``cache_prompt``: reuse the KV cache for the shared prefix (see
+    ``{"enabled": bool, "drafter": name, "n_draft": int, "options": {...}}`` (any subset),
+    checked when the job is submitted. ``cache_prompt``: reuse the KV cache for the shared prefix (see
     docs/serve.md on numerics). Wait for ``done`` (or be called back by ``on_done``, on
     the worker thread); then read ``result`` or ``error``."""
 
@@ -84,8 +84,8 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     #: why the job was stopped, when it ends with an error rather than a result
     cancel_error: BaseException | None = None
-    #: (drafter name or None, longest draft): ``speculative`` as checked at submission
-    plan: tuple[str | None, int] | None = None
+    #: ``speculative`` as checked at submission (``ngramcache.serving.drafting.DraftPlan``)
+    plan: tuple | None = None
 
     def cancel(self, error: BaseException | None = None) -> None:
         """Stop at the next step (or never start). With ``error`` the job ends with it

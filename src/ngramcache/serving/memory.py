@@ -71,15 +71,19 @@ class Memory:
         """Bytes held: the caches, the store, the table and the history."""
         return int(self.dynamic.nbytes + self.suffix.nbytes + self.mod.nbytes + 4 * self._n_tokens)
 
+    def shared_state(self) -> dict:
+        """The state held, by kind of ``ngramcache.drafters.registry``: the dynamic cache,
+        the suffix store, the ngram-mod table."""
+        from ngramcache.drafters import registry
+
+        return {registry.DYNAMIC: self.dynamic, registry.SUFFIX_STORE: self.suffix, registry.MOD_TABLE: self.mod}
+
     def drafter_options(self, drafter: str) -> dict:
-        """The shared state drafter ``drafter`` reads, as its constructor's keywords."""
-        if drafter in ("copy", "lookup"):
-            return {"dynamic": self.dynamic}
-        if drafter == "suffix":
-            return {"store": self.suffix}
-        if drafter == "mod":
-            return {"table": self.mod}
-        return {}
+        """The shared state drafter ``drafter`` reads, as its constructor's keywords (its
+        registry spec says which)."""
+        from ngramcache.drafters import registry
+
+        return registry.spec(drafter).shared_kwargs(self.shared_state())
 
     def learn(self, tokens, mod_learned: bool = False) -> None:
         """Remember one request (its prompt and response). ``mod_learned``: the request
