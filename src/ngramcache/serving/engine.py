@@ -252,24 +252,17 @@ class Engine:
     def make_drafter(self, name: str, n_draft: int, options: dict | None = None):
         """The drafter ``name`` as a job gets it: the engine's options when ``name`` is its
         default drafter, then ``options`` (a request's own), the shared state its registry
-        spec takes (the memory's, the static table), the adaptive gate."""
-        from ngramcache.decoding.gate import AdaptiveGate
+        spec takes (the memory's, the static table), and the adaptive gate on this model's
+        costs (``ngramcache.decoding.costs.gated_drafter``)."""
+        from ngramcache.decoding.costs import gated_drafter
         from ngramcache.drafters import registry
 
-        gate = None
-        if self.costs is not None:
-            costs = self.costs
-            if len(costs) < n_draft + 1:  # a longer draft than measured: extend linearly
-                step = costs[-1] - costs[-2] if len(costs) > 1 else costs[-1]
-                costs = list(costs) + [costs[-1] + step * (i + 1) for i in range(n_draft + 1 - len(costs))]
-            gate = AdaptiveGate(costs[: n_draft + 1])
         opts = dict(self.drafter_opts) if name == self.drafter else {}
         opts.update(options or {})
         shared = self.memory.shared_state() if self.memory is not None else {}
         if self.static is not None:
             shared[registry.STATIC] = self.static
-        spec = registry.spec(name)
-        return spec.make(n_draft, gate, **opts, **spec.shared_kwargs(shared))
+        return gated_drafter(self.costs, name, n_draft, **opts, **registry.spec(name).shared_kwargs(shared))
 
     _make_drafter = make_drafter  # the name the command line's engine builder calls
 
