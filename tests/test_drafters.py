@@ -79,21 +79,22 @@ def test_stats_count_drafted_and_accepted():
     assert d.stats.drafted == 0
 
 
-def test_work_per_step_does_not_grow_with_length(monkeypatch):
-    # the context update sees nnew = the new tokens only
-    seen = []
+def test_accept_adds_only_the_ngrams_of_the_new_tokens():
+    # an accept updates the context cache in place, with the n-grams that end in the new
+    # tokens: an n-gram put there by hand survives it (nothing is rebuilt), and every other
+    # count equals a cache built from the whole sequence in one go (nothing counted twice)
+    toks = stdlib_tokens(5000)
     d = LookupDrafter()
-    d.reset(stdlib_tokens(5000))
-    orig = NgramCache.update_checked
-
-    def spy(self, tokens, a, b, nnew):
-        seen.append((tokens.size, nnew))
-        return orig(self, tokens, a, b, nnew)
-
-    monkeypatch.setattr(NgramCache, "update_checked", spy)
-    d.accept([1, 2, 3])
-    d.accept([4])
-    assert seen == [(5003, 3), (5004, 1)]
+    d.reset(toks[:4000])
+    d.context.update([900, 901, 902], 2, 2)
+    d.accept(toks[4000:4003])
+    d.accept(toks[4003:4004])
+    full = NgramCache()
+    full.update(toks[:4004])
+    full.update([900, 901, 902], 2, 2)
+    as_map = lambda c: {k: list(v.items()) for k, v in c.items()}  # noqa: E731
+    assert as_map(d.context) == as_map(full)
+    assert d.context.get([900, 901]) == {902: 1}
 
 
 def test_buffer_growth():

@@ -51,12 +51,8 @@ class CopyDrafter(LookupCaches, CoreSequenceDrafter):
         self._set_options(ngram_min=ngram_min, ngram_max=ngram_max, min_match=min_match, max_match=max_match,
                           max_candidates=max_candidates)
         self._init_caches(static, dynamic)
-        self._impl = _core.CopyDrafter(self.context._impl, None if dynamic is None else dynamic._impl,
-                                       None if static is None else static._impl, self.ngram_min, self.ngram_max,
-                                       self.min_match, self.max_match, self.max_candidates)
-
-    def _dynamic_changed(self) -> None:
-        self._impl.set_dynamic(None if self._dynamic is None else self._dynamic._impl)
+        self._impl = _core.CopyDrafter(*self._core_caches(), self.ngram_min, self.ngram_max, self.min_match,
+                                       self.max_match, self.max_candidates)
 
     def reset(self, prompt_tokens) -> None:
         """Start a new sequence: the copy index and the context cache are rebuilt from

@@ -1,17 +1,15 @@
 """llama.cpp's lookup decoding as a ``Drafter``, and the caches it reads (shared with
-``CopyDrafter``, whose fallback it is)."""
+``CopyDrafter``, whose fallback it is). Both run in the compiled core."""
 
 from __future__ import annotations
 
 import os
 
-import numpy as np
-
+from ngramcache import _core
 from ngramcache._validate import NGRAM_MAX
 from ngramcache.cache import NgramCache
 from ngramcache.decoding.gate import AdaptiveGate
-from ngramcache.draft import draft_checked
-from ngramcache.drafters.base import SequenceDrafter
+from ngramcache.drafters.base import CoreSequenceDrafter
 from ngramcache.drafters.options import Option, OptionError
 from ngramcache.static_table import StaticTable
 
@@ -38,10 +36,10 @@ def check_caches(static, dynamic) -> None:
 
 
 class LookupCaches:
-    """The caches of llama.cpp's lookup, for a drafter that drafts from them: ``context``
-    (the n-grams of the current sequence), ``dynamic`` (an ``NgramCache`` of earlier
-    text, or None) and ``static`` (an ``NgramCache``, a ``StaticTable`` of 2-grams, or
-    None). ``_dynamic_changed`` is told when ``dynamic`` is replaced."""
+    """The caches of llama.cpp's lookup, for a compiled drafter that drafts from them:
+    ``context`` (the n-grams of the current sequence, which the core keeps current),
+    ``dynamic`` (an ``NgramCache`` of earlier text, or None; replacing it tells the core)
+    and ``static`` (an ``NgramCache``, a ``StaticTable`` of 2-grams, or None)."""
 
     def _init_caches(self, static, dynamic) -> None:
         check_caches(static, dynamic)
@@ -49,6 +47,11 @@ class LookupCaches:
         self._dynamic = dynamic
         #: the context cache: the n-grams of the current sequence, kept current with it
         self.context = NgramCache()
+
+    def _core_caches(self) -> tuple:
+        """The compiled handles of the context, dynamic and static caches, for the core's constructor."""
+        return (self.context._impl, None if self._dynamic is None else self._dynamic._impl,
+                None if self.static is None else self.static._impl)
 
     @property
     def dynamic(self) -> NgramCache | None:
@@ -59,10 +62,7 @@ class LookupCaches:
     def dynamic(self, cache: NgramCache | None) -> None:
         check_caches(None, cache)
         self._dynamic = cache
-        self._dynamic_changed()
-
-    def _dynamic_changed(self) -> None:
-        """Hook: ``dynamic`` was replaced."""
+        self._impl.set_dynamic(None if cache is None else cache._impl)
 
     def save_dynamic(self, path: str | os.PathLike) -> NgramCache:
         """Merge the context cache into the dynamic cache (creating it if there was
@@ -84,19 +84,21 @@ class LookupCaches:
         return f"<{type(self).__name__} {' '.join(parts)}, {self._buf.n} tokens>"
 
 
-class LookupDrafter(LookupCaches, SequenceDrafter):
+class LookupDrafter(LookupCaches, CoreSequenceDrafter):
     """llama.cpp's lookup decoding as a ``Drafter``.
 
     Drafts from the context cache (n-grams of the current sequence, kept current
     incrementally), then the ``dynamic`` cache (an ``NgramCache``, e.g. loaded from a
     ``-lcd`` file), then the ``static`` table (an ``NgramCache`` or a ``StaticTable`` of
     2-grams), exactly as ``common_ngram_cache_draft``. Per step the work is proportional
-    to the tokens accepted, never to the length of the sequence.
+    to the tokens accepted, never to the length of the sequence. It runs in the compiled
+    core, so ``ngramcache.replays.replay_drafter`` replays it entirely in C++.
 
     With a ``gate`` (an ``AdaptiveGate``), ``propose`` returns only as much of the
     lookup's proposal as is expected to pay for its verification, often nothing.
     """
 
+    _SOURCE = 0  # the gate's source for lookup drafts (a copy's is 1)
     OPTIONS = (NGRAM_MIN, NGRAM_MAX_OPTION)
     ORDERED = (("ngram_min", "ngram_max"),)
 
@@ -106,26 +108,11 @@ class LookupDrafter(LookupCaches, SequenceDrafter):
         super().__init__(n_draft, gate)
         self._set_options(ngram_min=ngram_min, ngram_max=ngram_max)
         self._init_caches(static, dynamic)
+        self._impl = _core.LookupDrafter(*self._core_caches(), self.ngram_min, self.ngram_max)
 
     def reset(self, prompt_tokens) -> None:
         """Start a new sequence: the context cache is rebuilt from ``prompt_tokens``."""
         super().reset(prompt_tokens)
-
-    def _reset_index(self) -> None:
-        self.context.clear()
-        if self._buf.n:
-            self.context.update_checked(self._buf.view(), self.ngram_min, self.ngram_max, self._buf.n)
-
-    def _appended(self, n_new: int) -> None:
-        # only the n-grams ending in the new tokens: O(new tokens)
-        self.context.update_checked(self._buf.view(), self.ngram_min, self.ngram_max, n_new)
-
-    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
-        """(proposal, confidence length, source) for the gate."""
-        # draft() reads only the newest tokens, whatever the length of the sequence
-        cand = draft_checked(self._buf.view(), n, self.context, self._dynamic, self.static,
-                             self.ngram_min, self.ngram_max)
-        return cand, int(cand.size), 0
 
     def __repr__(self) -> str:
         return self._describe([f"n_draft={self.n_draft}"])
