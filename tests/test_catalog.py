@@ -234,6 +234,10 @@ def test_stats_drafter_options_reach_the_drafter(token_file, capsys):
     (["--drafter", "pld", "--pld-match", "newest"], "--drafter pld"),
     (["--drafter", "nope"], "invalid choice"),
     (["--drafter", "suffix", "-lcs", "x.ngst"], "-lcs and -lcd apply to --drafter lookup"),
+    (["--drafter", "lookup", "--lookup-ngram-min", "2"], "as llama-lookup-stats does"),
+    (["--copy-min-match", "3"], "--copy-min-match applies to --drafter copy, not lookup"),
+    (["--drafter", "copy", "--copy-min-match", "5", "--copy-max-match", "4"],
+     "--drafter copy: --copy-min-match must be <= max_match (max_match=4), got 5"),
 ])
 def test_stats_drafter_usage_errors(token_file, capsys, argv, message):
     with pytest.raises(SystemExit) as e:
