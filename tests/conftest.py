@@ -376,6 +376,12 @@ def fake_llama(monkeypatch, tmp_path):
 
 # --- real models -----------------------------------------------------------------------
 
+# ggml reads its tiled-matmul switch once, at the first matrix product of the process: set here,
+# it holds for every model of the session, whichever test loads one first (make_llama sets it
+# too, but a test that builds a llama_cpp.Llama itself may come earlier)
+os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+
+
 def _prompts() -> list[str]:
     text, _ = data.prose(2400)
     paras = [p for p in text.split("\n\n") if len(p) > 200]
