@@ -160,7 +160,7 @@ def test_submit_raises_typed_errors_that_carry_status_and_param():
             with pytest.raises(kind) as e:
                 engine.submit(job)
             assert type(e.value) is kind and e.value.param == param and e.value.status == 400
-        assert isinstance(e.value, RequestError)
+            assert isinstance(e.value, ValueError)  # a bad argument, for callers outside HTTP too
         with pytest.raises(ContextOverflowError) as e:
             engine.submit(cases[2][0])
         assert e.value.code == "context_length_exceeded"
@@ -182,7 +182,7 @@ def test_a_full_queue_refuses_with_503():
         jobs += [engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=3)) for _ in range(2)]
         with pytest.raises(QueueFullError) as e:
             engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=3))
-        assert e.value.status == 503 and e.value.code == "queue_full"
+        assert e.value.status == 503 and e.value.code == "queue_full" and isinstance(e.value, RuntimeError)
         hold.set()
         for j in jobs:
             assert j.done.wait(30) and j.error is None

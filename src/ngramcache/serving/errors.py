@@ -30,8 +30,9 @@ class EngineError(Exception):
             self.code = code
 
 
-class RequestError(EngineError):
-    """A request that cannot be run as asked (400 unless told otherwise)."""
+class RequestError(EngineError, ValueError):
+    """A request that cannot be run as asked (400 unless told otherwise); a ValueError
+    too, as any bad argument."""
 
 
 class ContextOverflowError(RequestError):
@@ -40,7 +41,7 @@ class ContextOverflowError(RequestError):
     code = "context_length_exceeded"
 
 
-class UnavailableError(EngineError):
+class UnavailableError(EngineError, RuntimeError):
     """The engine cannot take the request now (503)."""
 
     status = 503
