@@ -23,6 +23,7 @@ import numpy as np
 
 from ngramcache._validate import as_tokens, check_int
 from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.decoding.prefix import accepted_prefix
 from ngramcache.drafters.options import Option, check_n_draft, check_options
 
 __all__ = ["Drafter", "DraftStats", "SequenceDrafter", "CoreSequenceDrafter"]
@@ -190,14 +191,7 @@ class SequenceDrafter:
         t0 = time.perf_counter()
         new = as_tokens(tokens)
         if new.size:
-            last = self._last
-            m = min(last.size, new.size)
-            if m:  # lists: numpy's per-call cost would dominate a comparison of a few tokens
-                a, b = last[:m].tolist(), new[:m].tolist()
-                k = 0
-                while k < m and a[k] == b[k]:
-                    k += 1
-                self._stats.accepted += k
+            self._stats.accepted += accepted_prefix(self._last, new)
             if self._first is not None:
                 self._prev = 1 if int(new[0]) == self._first else 0
             elif self.gate is not None:
@@ -230,10 +224,9 @@ class SequenceDrafter:
             if have <= done:
                 keep.append((start, cand, state, done))
                 continue
-            eq = cand[done:have] == seq[start + done : start + have]
-            right = int(eq.size if eq.all() else np.argmin(eq))
-            self.gate.observe(state, right, right + 1 if right < eq.size else right, start=done)
-            if right == eq.size and have < cand.size:
+            right = accepted_prefix(cand[done:have], seq[start + done : start + have])
+            self.gate.observe(state, right, right + 1 if right < have - done else right, start=done)
+            if right == have - done and have < cand.size:
                 keep.append((start, cand, state, have))
         self._pending = keep
 
