@@ -1,29 +1,25 @@
-"""The chat page at ``/`` in a real headless Chromium (selenium): against a small stand-in
-server that sends known events (how the page reads a stream, marks drafted text and shows
-errors), and against ``python -m ngramcache serve -m smollm2`` (the streamed answer is
-what the API answers to the same request; drafted text is marked where drafts were
-accepted). Needs Debian's ``chromium`` and ``chromium-driver``; skips without them."""
+"""The chat page at ``/`` in a real headless Chromium (selenium), against a small stand-in
+server that sends known events: Markdown rendering (text, never HTML), drafted text marked
+by whole tokens, an open fence while streaming, stopping, notices for the token limit and
+errors, turns that fail before any text taken back, the figures' legend, the highlighting
+switch, the empty page, the favicon and a clean console, and the layout on a desktop and a
+phone. The same page against the real server and model: tests/test_serve_page_model.py."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 
 import pytest
 
+import page_driver as pd
+from page_driver import browser  # noqa: F401 - the fixture
+
 PAGE = resources.files("ngramcache").joinpath("data/chat.html").read_text(encoding="utf-8")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-WAIT_S = 180  # the longest a turn may take on a slow, shared machine
 
 
 # --- the page on its own -----------------------------------------------------------------
@@ -32,108 +28,66 @@ WAIT_S = 180  # the longest a turn may take on a slow, shared machine
 def test_page_fetches_nothing_from_elsewhere():
     # no external scripts, styles, fonts or images: the page works offline
     assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/", PAGE, re.I)
-    assert not re.search(r"<(script|img|iframe)[^>]*\bsrc=|<link\b|@import|url\(", PAGE, re.I)
-    for id_ in ("input", "send", "new", "drafter", "max-tokens", "log"):
+    assert not re.search(r"<(script|img|iframe)[^>]*\bsrc=|@import|url\(|innerHTML|insertAdjacentHTML", PAGE, re.I)
+    links = re.findall(r"<link\b[^>]*>", PAGE, re.I)
+    assert links and all(re.search(r'\bhref="data:', link) for link in links)  # the favicon, inline
+    for id_ in ("input", "send", "stop", "new", "drafter", "max-tokens", "highlight", "log", "empty", "error"):
         assert f'id="{id_}"' in PAGE
-
-
-# --- a browser -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser():
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1200,900"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def _wait(driver, cond, timeout=WAIT_S):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(cond)
-
-
-def _text(elem) -> str:
-    # textContent, not .text: .text is the rendered text, with whitespace changed
-    return elem.get_attribute("textContent")
-
-
-def _turns(driver):
-    from selenium.webdriver.common.by import By
-
-    return driver.find_elements(By.CSS_SELECTOR, "#log .turn")
-
-
-def _say(driver, text: str, max_tokens: int | str | None = None, drafter: str | None = None):
-    """Type ``text``, send it, and return its turn once its figures (or error) show."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
-
-    if max_tokens is not None:
-        box = driver.find_element(By.ID, "max-tokens")
-        box.clear()
-        box.send_keys(str(max_tokens))
-    if drafter is not None:
-        Select(driver.find_element(By.ID, "drafter")).select_by_value(drafter)
-    n = len(_turns(driver))
-    driver.find_element(By.ID, "input").send_keys(text)
-    driver.find_element(By.ID, "send").click()
-    _wait(driver, lambda d: len(_turns(d)) == n + 1)
-    turn = _turns(driver)[n]
-    _wait(driver, lambda d: _text(turn.find_element(By.CSS_SELECTOR, ".figures")).strip())
-    _wait(driver, lambda d: d.find_element(By.ID, "send").is_enabled())
-    return turn
-
-
-def _parts(turn):
-    """(answer text, [drafted span texts], figures element, figures text, the request sent)."""
-    from selenium.webdriver.common.by import By
-
-    answer = turn.find_element(By.CSS_SELECTOR, ".assistant")
-    spans = [_text(s) for s in answer.find_elements(By.CSS_SELECTOR, "span.drafted")]
-    fig = turn.find_element(By.CSS_SELECTOR, ".figures")
-    return _text(answer), spans, fig, _text(fig), json.loads(turn.get_attribute("data-request"))
-
-
-def _same_origin(driver, base: str) -> list[str]:
-    names = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
-    return [n for n in names if not n.startswith(base + "/")]
 
 
 # --- against a stand-in server that sends known events ------------------------------------
 
+F, T = False, True
+# (piece, from_draft) as the server streams them: one piece per run of tokens, a token's
+# leading space with it, Markdown markup inside drafted pieces
+ANSWER = [("## Plan", F), ("\n\n", F), ("Here", F), (" is", F), (" a", T), (" **", T), ("fast", T), ("**", F),
+          (" function", T), (" with", F), (" `add`", F), (" and", F), (" *one*", F), (" [link](https://example.org/a)", F),
+          (" and", F), (" [bad](javascript:alert(1))", F), (":\n\n", F), ("```", F), ("python", F), ("\n", F),
+          ("def", F), (" add", T), ("(a", T), (", b", T), ("):\n", F), ("    return", T), (" a", T), (" +", F),
+          (" b", F), ("\n```", F), ("\n\n", F), ("-", F), (" one", T), ("\n", F), ("- two", F), ("\n\n", F),
+          ("1", F), (". first", F), ("\n2. second", F)]
+MARKDOWN = "".join(t for t, _ in ANSWER)
+SPANS = [" a ", "fast", " function", " add(a, b", "    return a", "one"]  # whole tokens, neighbours merged; markup not shown
+XSS = [("<script>window.pwned = 1</script> and <img src=x onerror=\"window.pwned = 2\">", F),
+       (" `<img src=x onerror=\"window.pwned = 3\">`", T), (" [x](javascript:window.pwned=4)\n\n", F),
+       ("```html\n<script>window.pwned = 5</script>\n```", F)]
+LONG = [("# A long answer\n\n", F)] + [(f"Paragraph {i} with words that wrap on a phone, a Verylongwordwithoutanyspaces"
+                                        f"{'x' * 60} and **bold** text.\n\n", i % 2 == 1) for i in range(8)] + \
+       [("| planet | moons | note |\n|---|---:|:---|\n| Earth | 1 | home |\n| Mars | 2 | red |\n\n", F),
+        ("```python\nprint('" + "a very long line of code " * 8 + "')\n```\n", T)]
+FIGURES = {"drafter": "copy", "drafted": 7, "accepted": 5, "acceptance": 0.7143, "prompt_tokens_cached": 12,
+           "t_total": 0.25, "tokens_per_s": 41.5}
 
-def _events(pieces, final=True, error=None) -> bytes:
-    out = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}]
+
+def _events(pieces, end="stop", error=None, figures=None, first=True) -> bytes:
+    out = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}] if first else []
     out += [{"choices": [{"delta": {"content": t}}], "ngramcache": {"from_draft": d}} for t, d in pieces]
     if error is not None:
         out.append({"error": {"message": error, "type": "server_error"}})
-    elif final:
-        out.append({"choices": [{"delta": {}, "finish_reason": "stop"}],
+    elif end is not None:
+        out.append({"choices": [{"delta": {}, "finish_reason": end}],
                     "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29},
-                    "ngramcache": {"drafter": "copy", "drafted": 7, "accepted": 5, "acceptance": 0.7143,
-                                   "prompt_tokens_cached": 12, "t_total": 0.25, "tokens_per_s": 41.5}})
+                    "ngramcache": {**FIGURES, **(figures or {})}})
     lines = "".join(f"data: {json.dumps(o, ensure_ascii=False)}\n\n" for o in out)
-    return (lines + ("data: [DONE]\n\n" if error is not None or final else "")).encode("utf-8")
+    return (lines + ("data: [DONE]\n\n" if error is not None or end is not None else "")).encode("utf-8")
 
 
-ANSWER = [("def f():\n", False), ("    return ", True), ("'é→'\n", True), ("f()  # done", False)]
+HELD = [("Here:\n\n", F), ("```python\n", F), ("def f():\n", T)]  # an open fence, then the stream waits
+REPLIES = {
+    "fail": lambda: _events(ANSWER[:4], error="generation failed: boom"),
+    "fail early": lambda: _events([], error="the model is gone"),
+    "cut": lambda: _events(ANSWER, end=None),
+    "long": lambda: _events(ANSWER[:4], end="length"),
+    "plain": lambda: _events(ANSWER[:4], figures={"drafted": 0, "accepted": 0, "acceptance": 0.0}),
+    "xss": lambda: _events(XSS),
+    "tall": lambda: _events(LONG),
+}
 
 
 class _Fake(BaseHTTPRequestHandler):
     bodies: list = []
+    release = threading.Event()  # lets a held stream ("gate") go on
+    disconnects = 0  # held streams ("hold") whose client went away
 
     def log_message(self, *args):
         pass
@@ -153,11 +107,25 @@ class _Fake(BaseHTTPRequestHandler):
         if last == "refuse":
             msg = {"error": {"message": "max_tokens 100000 is too many", "type": "invalid_request_error"}}
             return self._send(400, "application/json", json.dumps(msg).encode())
-        data = _events(ANSWER[:1], error="generation failed: boom") if last == "fail" else \
-            _events(ANSWER, final=last != "cut")
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        if last in ("gate", "hold"):
+            self._write(_events(HELD, end=None))
+            try:
+                if last == "gate":
+                    _Fake.release.wait(60)
+                    return self._write(_events([("    return 1\n```\nDone.", F)], first=False))
+                for _ in range(1200):  # until the page lets go of the stream
+                    time.sleep(0.05)
+                    self.wfile.write(b": still thinking\n\n")
+                    self.wfile.flush()
+            except OSError:
+                _Fake.disconnects += 1
+            return
+        self._write(REPLIES.get(last, lambda: _events(ANSWER))())
+
+    def _write(self, data):
         for i in range(0, len(data), 7):  # pieces that cut lines, events and UTF-8 characters
             self.wfile.write(data[i : i + 7])
             self.wfile.flush()
@@ -180,210 +148,234 @@ def fake():
     try:
         yield f"http://127.0.0.1:{srv.server_address[1]}"
     finally:
+        _Fake.release.set()
         srv.shutdown()
         srv.server_close()
         t.join(10)
 
 
 def test_page_streams_and_marks_drafted_text(browser, fake):
-    from selenium.webdriver.common.by import By
-
-    browser.get(fake + "/")
-    _wait(browser, lambda d: _text(d.find_element(By.ID, "model")) == "stand-in", 30)
-    turn = _say(browser, "write f", max_tokens=40, drafter="suffix")
-    answer, spans, fig, figures, sent = _parts(turn)
-    assert answer == "".join(t for t, _ in ANSWER)
-    assert spans == ["    return 'é→'\n"]  # consecutive drafted pieces make one span
+    pd.open_page(browser, fake, "stand-in")
+    turn = pd.say(browser, "write f", max_tokens=40, drafter="suffix")
+    markdown, spans, fig, figures, sent = pd.parts(turn)
+    assert markdown == MARKDOWN and turn.get_attribute("data-state") == "done" and pd.notice(turn) is None
+    assert spans == SPANS
     assert sent == _Fake.bodies[-1]
     assert sent == {"messages": [{"role": "user", "content": "write f"}], "stream": True, "temperature": 0,
                     "max_tokens": 40, "speculative": {"drafter": "suffix"}}
     assert (fig.get_attribute("data-tokens"), fig.get_attribute("data-accepted"),
             fig.get_attribute("data-drafted"), fig.get_attribute("data-cached"),
             fig.get_attribute("data-drafter")) == ("9", "5", "7", "12", "copy")
-    for part in ("9 tokens", "41.5 tok/s", "5/7", "71.4%", "12 prompt tokens cached", "drafter copy"):
+    for part in ("9 tokens", "41.5 tok/s", "accepted 5/7 drafted (71.4%)", "12 prompt tokens cached", "drafter copy"):
         assert part in figures
 
     # the next turn sends the whole conversation, with drafting off
-    turn = _say(browser, "again", max_tokens="", drafter="off")
-    sent = _parts(turn)[4]
+    turn = pd.say(browser, "again", max_tokens="", drafter="off")
+    sent = pd.parts(turn)[4]
     assert sent == _Fake.bodies[-1]
-    assert sent["messages"] == [{"role": "user", "content": "write f"}, {"role": "assistant", "content": answer},
+    assert sent["messages"] == [{"role": "user", "content": "write f"}, {"role": "assistant", "content": MARKDOWN},
                                 {"role": "user", "content": "again"}]
     assert sent["speculative"] == {"enabled": False} and "max_tokens" not in sent
-    assert browser.execute_script("return messages.length") == 4
-    assert _same_origin(browser, fake) == []
+    assert len(pd.history(browser)) == 4
+    assert pd.other_origins(browser, fake) == []
 
-    browser.find_element(By.ID, "new").click()
-    assert _turns(browser) == [] and browser.execute_script("return messages.length") == 0
-    _say(browser, "hello")
+    pd.find(browser, "#new").click()
+    assert pd.turns(browser) == [] and pd.history(browser) == []
+    pd.say(browser, "hello")
     assert [m["content"] for m in _Fake.bodies[-1]["messages"]] == ["hello"]
+
+
+def test_markdown_is_rendered(browser, fake):
+    pd.open_page(browser, fake, "stand-in")
+    answer = pd.find(pd.say(browser, "write f"), ".assistant")
+    assert [pd.text_of(h) for h in pd.find_all(answer, "h2")] == ["Plan"]
+    assert [pd.text_of(e) for e in pd.find_all(answer, "p strong")] == ["fast"]
+    assert [pd.text_of(e) for e in pd.find_all(answer, "p em")] == ["one"]
+    assert [pd.text_of(e) for e in pd.find_all(answer, "p > code")] == ["add"]
+    links = pd.find_all(answer, "a")
+    assert [(pd.text_of(a), a.get_attribute("href")) for a in links] == [("link", "https://example.org/a")]
+    assert links[0].get_attribute("rel") == "noopener noreferrer"
+    assert "and bad:" in pd.text_of(pd.find(answer, "p")) and "javascript" not in pd.text_of(answer)  # an unsafe link: its text only
+    assert pd.text_of(pd.find(answer, ".code .lang")) == "python"
+    assert pd.text_of(pd.find(answer, ".code pre code")) == "def add(a, b):\n    return a + b"
+    assert [pd.text_of(e) for e in pd.find_all(answer, "ul > li")] == ["one", "two"]
+    assert [pd.text_of(e) for e in pd.find_all(answer, "ol > li")] == ["first", "second"]
+    assert "```" not in pd.text_of(answer) and "**" not in pd.text_of(answer) and "## " not in pd.text_of(answer)
+    # prose in a proportional font, code in a monospace one
+    fonts = [pd.js(browser, "getComputedStyle(arguments[0]).fontFamily", pd.find(answer, css)) for css in ("p", "pre code")]
+    assert "mono" not in fonts[0].lower() and "mono" in fonts[1].lower()
+
+
+def test_markup_in_an_answer_is_text(browser, fake):
+    pd.open_page(browser, fake, "stand-in")
+    answer = pd.find(pd.say(browser, "xss"), ".assistant")
+    time.sleep(0.3)  # an injected handler would have run by now
+    assert pd.js(browser, "window.pwned") is None
+    assert pd.find_all(answer, "script, img, iframe, a") == []
+    shown = pd.text_of(answer)
+    for text in ('<script>window.pwned = 1</script>', '<img src=x onerror="window.pwned = 2">',
+                 '<img src=x onerror="window.pwned = 3">', '<script>window.pwned = 5</script>'):
+        assert text in shown
+
+
+def test_an_open_fence_renders_as_code_while_streaming(browser, fake):
+    pd.open_page(browser, fake, "stand-in")
+    _Fake.release.clear()
+    try:
+        n = pd.type_message(browser, "gate")
+        turn = pd.turns(browser)[n]
+        # the fence is open: what came so far is code (with the newline that came last)
+        pd.wait(browser, lambda d: pd.text_of(pd.find(turn, ".code pre code")) == "def f():\n", 30)
+        code = pd.find(turn, ".code pre code")  # the stream waits: no more renders
+        assert "```" not in pd.text_of(pd.find(turn, ".assistant"))
+        assert [pd.text_of(s) for s in pd.find_all(code, "span.drafted")] == ["def f():\n"]
+        assert turn.get_attribute("data-state") == "streaming"
+        assert pd.find(browser, "#stop").is_displayed() and not pd.find(browser, "#send").is_displayed()
+    finally:
+        _Fake.release.set()
+    pd.wait(browser, lambda d: pd.js(d, "busy === null"))
+    assert pd.text_of(pd.find(turn, ".code pre code")) == "def f():\n    return 1"
+    assert pd.text_of(pd.find_all(turn, ".assistant p")[-1]) == "Done."
+
+
+def test_stop_keeps_what_came(browser, fake):
+    pd.open_page(browser, fake, "stand-in")
+    before = _Fake.disconnects
+    n = pd.type_message(browser, "hold")
+    turn = pd.turns(browser)[n]
+    pd.wait(browser, lambda d: pd.text_of(pd.find(turn, ".code pre code")) == "def f():\n", 30)
+    pd.find(browser, "#stop").click()
+    pd.wait(browser, lambda d: pd.js(d, "busy === null"))
+    assert turn.get_attribute("data-state") == "stopped"
+    assert pd.notice(turn) == ("notice stopped", "Stopped: the answer is kept as far as it came.")
+    kept = "".join(t for t, _ in HELD)
+    assert pd.find(turn, ".assistant").get_attribute("data-markdown") == kept
+    assert pd.history(browser) == ["user: hold", "assistant: " + kept]  # the screen and the history agree
+    assert pd.find(browser, "#send").is_enabled() and not pd.find(browser, "#stop").is_displayed()
+    pd.wait(browser, lambda d: _Fake.disconnects == before + 1, 30)  # the page let go of the stream
+
+
+def test_notices_for_the_token_limit_and_errors(browser, fake):
+    pd.open_page(browser, fake, "stand-in")
+    turn = pd.say(browser, "long")
+    assert turn.get_attribute("data-state") == "length"
+    assert pd.notice(turn) == ("notice length", "Stopped at the token limit (9 tokens): raise max tokens, "
+                                              "or ask it to go on.")
+    assert "9 tokens" in pd.parts(turn)[3]
+    assert pd.notice(pd.say(browser, "hello")) is None  # finish_reason "stop": no notice
+
+
+@pytest.mark.parametrize("say, shown", [
+    ("fail", "error: generation failed: boom"),  # an error event after some text
+    ("cut", "error: the stream ended before the answer was complete"),
+])
+def test_an_error_after_some_text_keeps_it_with_a_notice(browser, fake, say, shown):
+    pd.open_page(browser, fake, "stand-in")
+    first = pd.parts(pd.say(browser, "hello"))[0]
+    turn = pd.say(browser, say)
+    assert turn.get_attribute("data-state") == "error" and pd.notice(turn) == ("notice error", shown)
+    kept = pd.parts(turn)[0]
+    assert kept and MARKDOWN.startswith(kept)
+    assert pd.history(browser) == ["user: hello", "assistant: " + first, f"user: {say}", "assistant: " + kept]
+    pd.say(browser, "on")
+    assert [m["content"] for m in _Fake.bodies[-1]["messages"]] == ["hello", first, say, kept, "on"]
 
 
 @pytest.mark.parametrize("say, shown", [
     ("refuse", "error: max_tokens 100000 is too many"),  # a 400 with a JSON error body
-    ("fail", "error: generation failed: boom"),  # an error event in the stream
-    ("cut", "error: the stream ended before the answer was complete"),
+    ("fail early", "error: the model is gone"),  # an error event before any text
 ])
-def test_page_shows_errors(browser, fake, say, shown):
-    from selenium.webdriver.common.by import By
-
-    browser.get(fake + "/")
-    _say(browser, "hello")
-    turn = _say(browser, say)
-    fig = turn.find_element(By.CSS_SELECTOR, ".figures")
-    assert "error" in fig.get_attribute("class").split()
-    assert _text(fig) == shown
-    # the failed turn is not kept: the conversation goes on from the turn before it
-    assert browser.execute_script("return messages.map(m => m.content)") == ["hello", _parts(_turns(browser)[0])[0]]
-    _say(browser, "on")
-    assert [m["content"] for m in _Fake.bodies[-1]["messages"]][-1:] == ["on"]
-    assert len(_Fake.bodies[-1]["messages"]) == 3
+def test_a_turn_that_fails_before_any_text_is_taken_back(browser, fake, say, shown):
+    pd.open_page(browser, fake, "stand-in")
+    first = pd.parts(pd.say(browser, "hello"))[0]
+    assert pd.say(browser, say) is None
+    assert len(pd.turns(browser)) == 1 and pd.history(browser) == ["user: hello", "assistant: " + first]
+    assert pd.text_of(pd.find(browser, "#error")) == shown and pd.find(browser, "#error").is_displayed()
+    assert pd.find(browser, "#input").get_attribute("value") == say  # back in the input, to edit or resend
+    pd.find(browser, "#input").clear()
+    pd.say(browser, "on")
+    assert [m["content"] for m in _Fake.bodies[-1]["messages"]] == ["hello", first, "on"]
+    assert not pd.find(browser, "#error").is_displayed()
 
 
-# --- against the real server and model --------------------------------------------------------
+def test_the_figures_explain_themselves(browser, fake):
+    pd.open_page(browser, fake, "stand-in")
+    fig = pd.parts(pd.say(browser, "plain"))[2]
+    assert "nothing drafted" in pd.text_of(fig) and "0/0" not in pd.text_of(fig)
+    labels = [s for s in pd.find_all(fig, "span") if "sep" not in s.get_attribute("class")]
+    assert len(labels) == 6 and all(s.get_attribute("title") for s in labels)
+    pd.find(fig, "button.why").click()
+    assert all(pd.text_of(dd).strip() for dd in pd.find_all(browser, ".legend dd"))
+    assert [pd.text_of(dt) for dt in pd.find_all(browser, ".legend dt")][:6] == [
+        "tokens", "tok/s", "drafted", "accepted", "acceptance", "prompt tokens cached"]
+    pd.find(fig, "button.why").click()
+    assert pd.find_all(browser, ".legend") == []
 
 
-@pytest.fixture(scope="module")
-def server():
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("fastapi")
-    pytest.importorskip("uvicorn")
-    from ngramcache.models import default_model_path
+def test_highlighting_can_be_switched_off_and_is_remembered(browser, fake):
+    pd.open_page(browser, fake, "stand-in")
+    turn = pd.say(browser, "write f")
+    span = pd.find_all(turn, "span.drafted")[0]
+    background = "getComputedStyle(arguments[0]).backgroundColor"
+    assert pd.js(browser, background, span) != "rgba(0, 0, 0, 0)"
+    pd.find(browser, "#highlight").click()
+    assert pd.js(browser, background, span) == "rgba(0, 0, 0, 0)"
+    pd.open_page(browser, fake, "stand-in")  # a new page load keeps the choice
+    assert not pd.find(browser, "#highlight").is_selected()
+    span = pd.find_all(pd.say(browser, "write f"), "span.drafted")[0]  # still marked in the DOM, just not shown
+    assert pd.js(browser, background, span) == "rgba(0, 0, 0, 0)"
+    pd.find(browser, "#highlight").click()
+    assert pd.js(browser, background, span) != "rgba(0, 0, 0, 0)"
+    assert pd.js(browser, "localStorage.getItem('ngramcache.highlight')") == "on"
 
+
+def test_the_empty_page_says_what_to_do(browser, fake):
+    pd.open_page(browser, fake, "stand-in")
+    empty = pd.find(browser, "#empty")
+    assert empty.is_displayed()
+    assert "stand-in" in empty.text and "highlighted" in empty.text and "Enter sends" in empty.text
+    example = pd.find_all(empty, ".examples button")[0]
+    said = example.text
+    example.click()  # an example is sent as it is
+    pd.wait(browser, lambda d: pd.js(d, "busy === null"))
+    assert _Fake.bodies[-1]["messages"] == [{"role": "user", "content": said}]
+    assert not empty.is_displayed()
+    pd.find(browser, "#new").click()
+    assert empty.is_displayed()
+
+
+def test_favicon_and_a_clean_console(browser, fake):
+    browser.get_log("browser")  # forget what earlier tests left
+    pd.open_page(browser, fake, "stand-in")
+    assert pd.js(browser, "document.querySelector('link[rel=icon]').href").startswith("data:image/svg+xml;base64,")
+    pd.say(browser, "write f")
+    time.sleep(1)  # the favicon is asked for after the page has loaded
+    assert pd.console_errors(browser) == []
+
+
+@pytest.mark.parametrize("name, width, height, mobile", [("desktop", 1280, 800, False), ("phone", 390, 844, True)])
+def test_layout_holds(browser, fake, tmp_path, name, width, height, mobile):
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": width, "height": height, "deviceScaleFactor": 2 if mobile else 1,
+                             "mobile": mobile})
     try:
-        default_model_path("smollm2")
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    proc = subprocess.Popen([sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "--port", "0",
-                             "--no-memory"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    ready = threading.Event()
-    found: list[str] = []
-
-    def read():
-        for line in proc.stderr:
-            lines.append(line)
-            m = re.search(r"ngramcache serve: \S+ on (http://[\d.]+:\d+)", line)
-            if m and not found:
-                found.append(m.group(1))
-                ready.set()
-        ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        ready.wait(300)
-        if not found:
-            raise AssertionError(f"the server did not start (exit code {proc.poll()}):\n{''.join(lines)}")
-        yield found[0]
+        pd.open_page(browser, fake, "stand-in")
+        browser.save_screenshot(str(tmp_path / f"{name}-empty.png"))
+        pd.say(browser, "write f")
+        turn = pd.say(browser, "tall")
+        browser.save_screenshot(str(tmp_path / f"{name}-answer.png"))
+        assert pd.js(browser, "[innerWidth, innerHeight]") == [width, height]
+        assert pd.js(browser, "document.documentElement.scrollWidth <= innerWidth")
+        assert pd.js(browser, "document.getElementById('log').scrollWidth <= document.getElementById('log').clientWidth")
+        log = pd.js(browser, "document.getElementById('log').getBoundingClientRect().toJSON()")
+        assert log["bottom"] <= height
+        for elem, inside in ((pd.find(browser, "#input"), None), (pd.find(browser, "#send"), None),
+                             (pd.find(turn, ".figures"), log)):
+            box = pd.js(browser, "arguments[0].getBoundingClientRect().toJSON()", elem)
+            assert box["height"] > 0 and 0 <= box["top"] and box["bottom"] <= height, (elem, box)
+            if inside:  # the newest figures are in view, not under the input
+                assert inside["top"] <= box["top"] and box["bottom"] <= inside["bottom"], (box, inside)
+        # the answer is long: it scrolled, and the code and table scroll inside themselves
+        assert pd.js(browser, "document.getElementById('log').scrollTop") > 0
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-        reader.join(10)
-        proc.stderr.close()
-
-
-def _post(base: str, body: dict) -> dict:
-    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=WAIT_S) as r:
-        return json.load(r)
-
-
-def _check_turn(base: str, turn) -> tuple[str, list[str], dict]:
-    """The turn's answer is what the API answers to the same request, and its figures are
-    the numbers the stream ended with."""
-    answer, spans, fig, figures, sent = _parts(turn)
-    assert "error" not in fig.get_attribute("class").split(), figures
-    assert answer.strip()
-    assert sent["stream"] is True
-    direct = _post(base, {**sent, "stream": False})
-    assert answer == direct["choices"][0]["message"]["content"]
-    data = {k: fig.get_attribute(f"data-{k}") for k in ("tokens", "accepted", "drafted", "cached", "drafter")}
-    assert int(data["tokens"]) == direct["usage"]["completion_tokens"] > 0
-    assert data["drafter"] == sent["speculative"].get("drafter", "off")
-    assert f"{data['tokens']} tokens" in figures
-    assert re.search(r"\d+(\.\d+)? tok/s", figures)
-    assert f"acceptance {data['accepted']}/{data['drafted']}" in figures
-    assert f"{data['cached']} prompt tokens cached" in figures
-    figs = {k: int(v) for k, v in data.items() if k != "drafter"}
-    # text from accepted drafts is marked, and only then
-    assert bool(spans) == (figs["accepted"] > 0)
-    assert all(s for s in spans) and len("".join(spans)) <= len(answer)
-    return answer, spans, figs
-
-
-CLASS = "Write a small Python class Point with x and y and a method distance(other). Only the code."
-AGAIN = "Add a method __repr__ to Point and write out the full class again."
-
-
-@pytest.mark.model
-def test_chat_with_the_model(browser, server):
-    from selenium.webdriver.common.by import By
-
-    browser.get(server + "/")
-    _wait(browser, lambda d: _text(d.find_element(By.ID, "model")) == "smollm2", 30)
-    first, _, _ = _check_turn(server, _say(browser, CLASS, max_tokens=80, drafter="copy"))
-    turn = _say(browser, AGAIN)
-    second, spans, figs = _check_turn(server, turn)
-    assert _parts(turn)[4]["messages"] == [{"role": "user", "content": CLASS},
-                                           {"role": "assistant", "content": first},
-                                           {"role": "user", "content": AGAIN}]
-    # the second answer repeats code from the first: the copy drafter finds it
-    assert figs["accepted"] > 0 and spans
-    assert figs["cached"] > 0  # the second turn reuses the first one's prompt in the KV cache
-    assert _same_origin(browser, server) == []
-
-
-@pytest.mark.model
-def test_errors_from_the_model_server(browser, server):
-    from selenium.webdriver.common.by import By
-
-    browser.get(server + "/")
-    turn = _say(browser, "Hello!", max_tokens=100000)
-    fig = turn.find_element(By.CSS_SELECTOR, ".figures")
-    assert "error" in fig.get_attribute("class").split()
-    with pytest.raises(urllib.error.HTTPError) as e:
-        _post(server, {**_parts(turn)[4], "stream": False})
-    with e.value:
-        assert e.value.code == 400
-        message = json.load(e.value)["error"]["message"]
-    assert "exceed the context" in message
-    assert _text(fig) == "error: " + message
-    assert browser.execute_script("return messages.length") == 0
-
-
-def _counter(base: str, name: str) -> float:
-    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(f"ngramcache_{name}_total "):
-                return float(line.split()[1])
-    raise AssertionError(f"/metrics has no ngramcache_{name}_total")
-
-
-@pytest.mark.model
-def test_new_conversation_stops_the_answer(browser, server):
-    from selenium.webdriver.common.by import By
-
-    browser.get(server + "/")
-    before = _counter(server, "cancelled")
-    box = browser.find_element(By.ID, "max-tokens")
-    box.clear()
-    box.send_keys("2000")
-    browser.find_element(By.ID, "input").send_keys("Write a long story about a cat who learns to sail.")
-    browser.find_element(By.ID, "send").click()
-    _wait(browser, lambda d: _text(d.find_element(By.CSS_SELECTOR, ".assistant")).strip())
-    browser.find_element(By.ID, "new").click()
-    assert _turns(browser) == [] and browser.execute_script("return messages.length") == 0
-    # the page dropped the stream; the server stops generating for it
-    _wait(browser, lambda d: _counter(server, "cancelled") == before + 1, 60)
-    _wait(browser, lambda d: _health(server)["busy"] is False, 30)
-
-
-def _health(base: str) -> dict:
-    with urllib.request.urlopen(base + "/health", timeout=30) as r:
-        return json.load(r)
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
