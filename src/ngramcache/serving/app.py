@@ -141,10 +141,16 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return JSONResponse(status_code=exc.status_code, content=error_body(str(exc.detail), kind))
 
+    from ngramcache.integrations.exactness import exactness_status
+
+    # read once, before any request: whether drafting can change greedy output on this model
+    # (the stored check-exact answer, else what its settings predict; nothing is run)
+    exact = exactness_status(getattr(engine, "llm", None))
+
     @app.get("/health")
     async def health():
         return {"status": "shutting_down" if engine.closed else "ok", "model": engine.model_name,
-                "queued": engine.queued, "busy": engine.running is not None}
+                "queued": engine.queued, "busy": engine.running is not None, "exact": exact}
 
     @app.get("/metrics")
     async def metrics():
