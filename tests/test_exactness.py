@@ -218,8 +218,8 @@ def runs(exact_llm):
                                         on_logits=lambda i, row: gaps.__setitem__(i, _top2_gap(row))))
         out["gaps"].append(gaps)
         for name in DRAFTERS:
-            out[name].append(nl.generate(exact_llm.llm, prompt, make_drafter(name, n_draft=N_DRAFT, **OPTIONS.get(name, {})),
-                                         N, prompt_cache=cache))
+            drafter = make_drafter(name, n_draft=N_DRAFT, **OPTIONS.get(name, {}))
+            out[name].append(nl.generate(exact_llm.llm, prompt, drafter, N, prompt_cache=cache))
     return out
 
 
@@ -233,7 +233,8 @@ def test_packaged_model_is_exact(exact_llm, store):
     assert (report.rows, report.rows_equal) == (48, 48)
     assert report.max_abs_diff == 0.0 and report.first_argmax_flip is None
     assert report.exact and report.causes == []
-    assert (report.weight_repacking, report.tiled_mm, report.llamafile, report.flash_attn) == (False, "off", False, False)
+    settings = (report.weight_repacking, report.tiled_mm, report.llamafile, report.flash_attn)
+    assert settings == (False, "off", False, False)
     again = exactness.check_exact(exact_llm.llm, path=store)
     assert again.cached and again.as_dict() | {"cached": False} == report.as_dict()
 
@@ -374,7 +375,8 @@ def test_tiled_matmul_asked_for_is_respected_and_reported(exact_llm, tmp_path):
         from ngramcache.integrations import exactness
         llm = nl.make_llama({exact_llm.path!r}, n_ctx=256)
         status = exactness.exactness_status(llm, path={str(tmp_path / "none.json")!r})
-        print(exactness.exact_kernels(), status["exact"], status["measured"], "GGML_CPU_TILED_MM" in status["causes"][0])
+        print(exactness.exact_kernels(), status["exact"], status["measured"],
+              "GGML_CPU_TILED_MM" in status["causes"][0])
         """
     assert _child(code, "1") == ["on", "False", "False", "True"]
 
@@ -457,10 +459,12 @@ def test_check_exact_command_says_why_not(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(exactness, "check_exact", lambda llm, refresh=False: report)
     rc, out, err = run_cli(capsys, "check-exact", "-m", tmp_path / "m.gguf", "-q")
     assert rc == 1 and closed == [True]
-    assert "rows equal         3/48" in out and "first argmax flip  row 17" in out and "verdict            not exact" in out
+    assert "rows equal         3/48" in out and "first argmax flip  row 17" in out
+    assert "verdict            not exact" in out
     why = [line for line in out.splitlines() if line.startswith("  why: ")]
     assert len(why) == 3 and "GGML_LLAMAFILE=OFF" in why[0] and "repacking" in why[1] and "GGML_CPU_TILED_MM" in why[2]
-    assert err == "ngramcache check-exact: error: m.gguf is not exact here: drafting can change greedy output after a near tie\n"
+    assert err == ("ngramcache check-exact: error: m.gguf is not exact here: drafting can change greedy output "
+                   "after a near tie\n")
     rc, out, err = run_cli(capsys, "check-exact", "-m", tmp_path / "m.gguf", "--json", "-q")
     assert rc == 1 and json.loads(out)["verdict"] == "not exact" and len(json.loads(out)["causes"]) == 3
 
@@ -468,3 +472,13 @@ def test_check_exact_command_says_why_not(capsys, monkeypatch, tmp_path):
 def test_check_exact_command_bad_arguments(capsys):
     rc, out, err = run_cli(capsys, "check-exact", "-t", "0")
     assert rc == 2 and "-t must be >= 1, got 0" in err
+
+
+def test_tiled_switch_is_read_as_ggml_reads_it():
+    # ggml's atoi: "1x" switches the tiled path on, "x" and "" leave it off
+    assert [exactness._atoi(v) for v in ("0", "1", " 1x", "x", "", "-2", "+3", "007")] == [0, 1, 1, 0, 0, -2, 3, 7]
+
+
+def test_check_exact_needs_a_llama():
+    with pytest.raises(TypeError, match="llm must be a llama_cpp.Llama, got object"):
+        exactness.check_exact(object())

@@ -192,6 +192,7 @@ def test_not_exact_every_token_is_argmax_of_its_verified_logits(gemma_repacked, 
             assert [rows[i][0] for i in range(res.n_tokens)] == res.tokens.tolist()
         div = _first_divergence(plain.tokens.tolist(), spec.tokens.tolist())
         report.append("identical" if div is None else
-                      f"diverges at token {div}, top-2 gap there {prow[div][1]:.3f} (plain) / {srow[div][1]:.3f} (batched)")
+                      f"diverges at token {div}, top-2 gap there {prow[div][1]:.3f} (plain) / "
+                      f"{srow[div][1]:.3f} (batched)")
     record_property("repacked_divergence", "; ".join(report))
     print("\nGemma with repacked weights vs plain greedy: " + "; ".join(report))

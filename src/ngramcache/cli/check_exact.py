@@ -64,7 +64,8 @@ def run(args) -> int:
     result = report.as_dict()
     flip = report.first_argmax_flip
     rows = [("model", os.path.basename(report.model)),
-            ("rows equal", f"{report.rows_equal}/{report.rows} (batches of {report.chunk} against one token at a time)"),
+            ("rows equal", f"{report.rows_equal}/{report.rows} (batches of {report.chunk} against one token "
+                           "at a time)"),
             ("max |diff|", f"{report.max_abs_diff:.6g}"),
             ("first argmax flip", "none" if flip is None else f"row {flip}"),
             ("verdict", report.verdict),

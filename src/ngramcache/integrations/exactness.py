@@ -32,8 +32,9 @@ from importlib import resources
 
 import numpy as np
 
-__all__ = ["ExactnessReport", "check_exact", "measure_exactness", "exactness_status", "exact_kernels",
-           "no_weight_repacking", "weight_repacking", "build_info", "exactness_store_path", "TILED_MM_ENV"]
+__all__ = ["ExactnessReport", "ExactnessWarning", "check_exact", "measure_exactness", "exactness_status",
+           "exact_kernels", "no_weight_repacking", "weight_repacking", "known_causes", "build_info",
+           "exactness_store_path", "TILED_MM_ENV"]
 
 #: ggml's switch for its tiled K-quant matrix product (a batch of >= 8 rows takes another
 #: summation order than a single row)
@@ -46,7 +47,9 @@ CHECK_CHUNK = 8
 _STORE_VERSION = "v1"
 
 _tiled_state: str | None = None  # "off", "on" or "unsure", once decided for this process
-_lock = threading.Lock()
+_tiled_lock = threading.Lock()
+# held while a model loads with the replaced defaults; reentrant, so that a block may nest
+_repack_lock = threading.RLock()
 
 
 class ExactnessWarning(UserWarning):
@@ -66,6 +69,16 @@ def _any_model_loaded_before() -> bool:
     return ctx_cls is not None and any(isinstance(o, ctx_cls) for o in gc.get_objects())
 
 
+def _atoi(text: str) -> int:
+    """C's atoi, which is how ggml reads the switch: leading blanks, a sign, then digits as
+    far as they go ("1x" is 1, "x" is 0)."""
+    s = text.lstrip(" \t\n\v\f\r")
+    sign = -1 if s[:1] == "-" else 1
+    s = s[1:] if s[:1] in "+-" and s else s
+    digits = len(s) - len(s.lstrip("0123456789"))
+    return sign * int(s[:digits]) if digits else 0
+
+
 def exact_kernels() -> str:
     """Switch off ggml's tiled K-quant matmul for this process (``GGML_CPU_TILED_MM=0``)
     unless the environment already sets it, and say whether it is in force: ``"off"`` (it
@@ -74,15 +87,12 @@ def exact_kernels() -> str:
     first matrix product, so it may come too late: an ``ExactnessWarning`` says so once).
     Call it before creating a ``Llama`` yourself; ``make_llama`` does."""
     global _tiled_state
-    with _lock:
+    with _tiled_lock:
         if _tiled_state is not None:
             return _tiled_state
         value = os.environ.get(TILED_MM_ENV)
         if value is not None:
-            try:
-                _tiled_state = "off" if int(value) == 0 else "on"
-            except ValueError:  # ggml reads it with atoi: not a number means 0
-                _tiled_state = "off"
+            _tiled_state = "off" if _atoi(value) == 0 else "on"
             return _tiled_state
         late = _any_model_loaded_before()
         os.environ[TILED_MM_ENV] = "0"
@@ -94,12 +104,6 @@ def exact_kernels() -> str:
             f"Set {TILED_MM_ENV}=0 in the environment before starting Python, or create models with "
             "ngramcache.llama.make_llama first", ExactnessWarning, stacklevel=2)
     return _tiled_state
-
-
-def _reset_for_tests() -> None:
-    global _tiled_state
-    with _lock:
-        _tiled_state = None
 
 
 @contextlib.contextmanager
@@ -116,7 +120,7 @@ def no_weight_repacking():
     """
     import llama_cpp.llama_cpp as low
 
-    with _lock:
+    with _repack_lock:
         default = low.llama_model_default_params
 
         def unrepacked():
@@ -229,8 +233,8 @@ def _settings(llm) -> dict:
 
     ctx = llm._ctx.ctx
     cp = llm.context_params
-    return {"n_threads": int(llama_cpp.llama_n_threads(ctx)), "n_threads_batch": int(llama_cpp.llama_n_threads_batch(ctx)),
-            "weight_repacking": weight_repacking(llm),
+    return {"n_threads": int(llama_cpp.llama_n_threads(ctx)),
+            "n_threads_batch": int(llama_cpp.llama_n_threads_batch(ctx)), "weight_repacking": weight_repacking(llm),
             "flash_attn": int(cp.flash_attn_type) == int(llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED)}
 
 
@@ -337,7 +341,9 @@ def _from_stored(entry) -> ExactnessReport | None:
         report = ExactnessReport(**entry, cached=True)
     except TypeError:
         return None
-    if not (isinstance(report.rows, int) and isinstance(report.rows_equal, int) and 0 <= report.rows_equal <= report.rows):
+    counts = (report.rows, report.rows_equal, report.chunk, report.n_threads, report.n_threads_batch)
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in counts) \
+            or not 0 <= report.rows_equal <= report.rows:
         return None
     return report
 
@@ -352,6 +358,11 @@ def _causes(llm, tiled: str) -> list[str]:
                         flash_attn=s["flash_attn"])
 
 
+def _is_llama(llm) -> bool:
+    llama_cls = getattr(sys.modules.get("llama_cpp"), "Llama", None)
+    return isinstance(llama_cls, type) and isinstance(llm, llama_cls)
+
+
 def exactness_status(llm, measure: bool = False, path: str | None = None) -> dict | None:
     """What a server or a report says about ``llm`` in one call: ``{"exact", "measured",
     "rows_equal", "rows", "causes"}``. The stored measurement when there is one (see
@@ -359,8 +370,7 @@ def exactness_status(llm, measure: bool = False, path: str | None = None) -> dic
     so only while nothing else uses ``llm``); else a prediction from the settings that
     runs nothing: ``exact`` False when a batch-dependent path is on, None (unknown, none
     known to be on) otherwise. None for anything but a ``llama_cpp.Llama``."""
-    llama_cls = getattr(sys.modules.get("llama_cpp"), "Llama", None)
-    if not isinstance(llama_cls, type) or not isinstance(llm, llama_cls):
+    if not _is_llama(llm):
         return None
     tiled = exact_kernels()
     path = path or exactness_store_path()
@@ -379,6 +389,8 @@ def check_exact(llm, refresh: bool = False, path: str | None = None) -> Exactnes
     build, thread counts and settings, and kept in :func:`exactness_store_path` (a damaged
     store is replaced; an unwritable one only costs a new measurement next time). Not kept
     while the tiled-matmul switch is ``"unsure"``. Measuring clears ``llm``'s KV cache."""
+    if not _is_llama(llm):
+        raise TypeError(f"llm must be a llama_cpp.Llama, got {type(llm).__name__}")
     tiled = exact_kernels()
     path = path or exactness_store_path()
     if not refresh:
