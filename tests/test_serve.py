@@ -344,7 +344,8 @@ def test_load_16_clients_8_requests_some_cancelled(server):
 
 
 def _memory_server(path: Path, *flags: str) -> Server:
-    return Server("--memory", str(path), "--memory-tokens", "1500", *flags)
+    # no adaptive gate: its cost measurement would only delay each of these starts
+    return Server("--memory", str(path), "--memory-tokens", "1500", "--fixed-draft", *flags)
 
 
 def test_memory_is_learned_bounded_saved_at_sigterm_and_loaded(tmp_path):

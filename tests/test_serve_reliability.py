@@ -22,6 +22,10 @@ from test_serve import CTX, Server, _chat
 
 pytestmark = pytest.mark.model
 
+# The servers here draft without the adaptive gate: what is under test is not drafting, and
+# the gate's cost measurement (minutes on a loaded machine) would only delay every start.
+FIXED = "--fixed-draft"
+
 LONG = 1500  # tokens: far longer than any drain these tests allow
 
 
@@ -47,7 +51,7 @@ def _events(raw: bytes) -> list:
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--no-memory", "--max-body-bytes", str(12 * 1024 * 1024))
+    s = Server(FIXED, "--no-memory", "--max-body-bytes", str(12 * 1024 * 1024))
     yield s
     s.stop()
 
@@ -151,7 +155,7 @@ def _long(stream: bool) -> bytes:
 @pytest.mark.parametrize("running_streams", [False, True])
 def test_sigterm_stops_the_running_request_answers_every_one_and_saves_the_memory(tmp_path, running_streams):
     path = tmp_path / "memory.bin"
-    s = Server("--memory", str(path), "--shutdown-timeout", "1")
+    s = Server(FIXED, "--memory", str(path), "--shutdown-timeout", "1")
     answers: dict[str, tuple[int, bytes]] = {}
     try:
         _chat(s.client(), [{"role": "user", "content": "Say hi."}], max_tokens=8)  # something to remember
@@ -206,7 +210,7 @@ def test_a_memory_file_of_another_model_is_refused_as_such(tmp_path):
     mem.learn(np.arange(50, dtype=np.int32))
     mem.save(path, 262144, bytes(32))  # an intact file, for another vocabulary
     r = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "--port", "0", "-c", str(CTX),
-                        "--memory", str(path)], capture_output=True, text=True, timeout=240)
+                        "--memory", str(path), FIXED], capture_output=True, text=True, timeout=240)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "server memory made for another vocabulary" in r.stderr and "damaged" not in r.stderr, r.stderr
 
@@ -217,7 +221,7 @@ def test_a_static_table_is_checked_once_at_start(tmp_path):
     table = tmp_path / "corpus.ngst"
     tokens = (np.arange(20_000, dtype=np.int32) * 7919) % 5000
     StaticTable.build(tokens, 2).save(table)
-    s = Server("--no-memory", "-lcs", str(table))
+    s = Server(FIXED, "--no-memory", "-lcs", str(table))
     try:
         r = _chat(s.client(), [{"role": "user", "content": "hi"}], max_tokens=4)
         assert r.choices[0].message.content
@@ -229,7 +233,7 @@ def test_a_static_table_is_checked_once_at_start(tmp_path):
     table.write_bytes(bytes(data))
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "--port", "0", "-lcs",
-                        str(table)], capture_output=True, text=True, timeout=240)
+                        str(table), FIXED], capture_output=True, text=True, timeout=240)
     assert r.returncode == 1 and "Traceback" not in r.stderr and "checksum" in r.stderr, r.stderr
     assert time.monotonic() - t0 < 60
     r = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "--drafter", "suffix", "-lcs", str(table)],
