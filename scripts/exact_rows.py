@@ -28,6 +28,11 @@ The settings:
   exact+fa      exact, and flash attention on
 
 The llamafile kernels are a build option: the build under test says whether they are in.
+``--build DIR`` runs another build of llama-cpp-python, installed in DIR, e.g. one with them:
+
+    CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF" pip install --no-cache-dir --no-deps \\
+        --target build/llama-readme llama-cpp-python==0.3.36
+    .venv/bin/python scripts/exact_rows.py --build build/llama-readme
 """
 
 from __future__ import annotations
@@ -174,6 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("-s", "--setting", action="append", choices=list(SETTINGS), help="default: all")
     ap.add_argument("--nodes", action="store_true", help="also name the first graph node whose rows differ")
     ap.add_argument("--json", action="store_true", help="one JSON object a line")
+    ap.add_argument("--build", metavar="DIR", help="a folder holding another build's llama_cpp package")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "SETTING"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -183,6 +189,8 @@ def main(argv=None) -> int:
         for setting in args.setting or list(SETTINGS):
             env = {k: v for k, v in os.environ.items() if not k.startswith("GGML_CPU_")}
             env.update(SETTINGS[setting][0])
+            if args.build:
+                env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(args.build), env.get("PYTHONPATH", "")])
             cmd = [sys.executable, __file__, "--child", model, setting] + (["--nodes"] if args.nodes else [])
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
@@ -193,7 +201,8 @@ def main(argv=None) -> int:
                 print(json.dumps(row), flush=True)
                 continue
             flip = row["first_argmax_flip"]
-            line = (f"{row['model']:<38} {setting:<13} rows equal {row['rows_equal']:>2}/{row['rows']}  "
+            build = "llamafile" if row["llamafile"] else "no llamafile"
+            line = (f"{row['model']:<32} {build:<12} {setting:<13} rows equal {row['rows_equal']:>2}/{row['rows']}  "
                     f"max |diff| {row['max_abs_diff']:<9.4g} first argmax flip {'-' if flip is None else flip}")
             if "nodes" in row:
                 nd = row["nodes"]

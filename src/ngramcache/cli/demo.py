@@ -236,13 +236,16 @@ def identity_notes(rows: list[dict], exactness: dict | None) -> list[str]:
             if exact:
                 notes.append(f"{who}: identical to plain greedy: it verifies drafts in batches, and on this build "
                              "a batch's logits equal one token's, bit for bit")
+            elif exactness is not None and exactness["exact"] is False:
+                notes.append(f"{who}: identical to plain greedy on this prompt (no near tie met), although this "
+                             "model's batched logits differ from its single-token logits here")
             else:
                 notes.append(f"{who}: identical to plain greedy on this prompt")
             continue
         diff = r["first_difference"]
         gap = "" if diff["top2_gap"] is None else f", where plain's top two logits were {diff['top2_gap']:.4g} apart"
         cause = ("this model's batched logits differ from its single-token logits here" + why_not if not exact else
-                 "although batched and single-token logits are equal here: report this")
+                 "although batched and single-token logits are equal here, which points to a bug in that loop")
         notes.append(f"{who}: differs from plain greedy from token {diff['token']}{gap}: {cause}")
     return notes
 
