@@ -3,8 +3,8 @@
 Tiny models built from a config (random weights, seeded) check the mechanics fast: greedy
 identity with every drafter, the target distribution under sampling, EOS, max_new_tokens and
 stopping criteria exactly as plain ``generate``, the incremental feeding of the drafter, bad
-input. The packaged SmolLM2 (and Gemma 3) GGUF, loaded by transformers itself, checks greedy
-identity on real prompts (marked ``model``)."""
+input. test_hf_figures.py checks what it reports (drafting figures, verification costs),
+test_hf_models.py the packaged GGUF models, loaded by transformers itself."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import ngramcache as nc  # noqa: E402
-from ngramcache import data, hf  # noqa: E402
+from ngramcache import hf  # noqa: E402
 from ngramcache.drafters.catalog import DRAFTERS, make_drafter  # noqa: E402
 
 from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList  # noqa: E402
@@ -151,29 +151,6 @@ def test_default_drafter_and_names(tiny):
     assert torch.equal(hf.generate(tiny, ids[0].tolist(), "pld", max_new_tokens=24, do_sample=False), ref)
 
 
-def test_adaptive_drafter_uses_costs(tiny):
-    from ngramcache.decoding.costs import read_costs
-
-    costs = hf.verify_costs(tiny, max_batch=5)
-    assert len(costs) == 5 and all(c > 0 for c in costs)
-    assert costs == sorted(costs)  # a longer batch never costs less
-    assert hf.verify_costs(tiny, max_batch=5) == costs  # measured once: kept in the store, or noisy and kept here
-    kept = read_costs(hf.cost_key(tiny))
-    assert kept is None or kept == costs
-    d = hf.adaptive_drafter(tiny, "copy", n_draft=4)
-    assert isinstance(d, nc.CopyDrafter) and d.gate is not None and d.gate.max_len == 4
-    with pytest.raises(ValueError, match="unknown drafter"):
-        hf.adaptive_drafter(tiny, "nope", costs=[1.0, 1.1])
-
-
-def test_cost_key_names_the_architecture_and_the_build(tiny):
-    key = hf.cost_key(tiny)
-    assert key.backend == "transformers" and key.model.startswith("LlamaForCausalLM config ")
-    assert torch.__version__ in key.build and "float32" in key.build and key.threads == f"t{torch.get_num_threads()}"
-    assert hf.cost_key(tiny_model(seed=5, sharpen=8.0)) == key  # other weights, the same costs
-    assert hf.cost_key(tiny_model(vocab=64)) != key
-
-
 class Collect:
     """A streamer (transformers' BaseStreamer interface) that keeps what it is given."""
 
@@ -207,56 +184,6 @@ def test_return_dict_and_scores(tiny):
     assert len(out.scores) == len(ref.scores) == 12
     for a, b in zip(out.scores, ref.scores):
         assert torch.equal(a.argmax(-1), b.argmax(-1))
-
-
-class Handed(hf.DrafterCandidateGenerator):
-    """Records every draft it hands to transformers, with the length of the sequence it follows."""
-
-    def __init__(self, drafter):
-        super().__init__(drafter)
-        self.handed = []
-
-    def get_candidates(self, input_ids, **kwargs):
-        out, logits = super().get_candidates(input_ids, **kwargs)
-        self.handed.append((input_ids.shape[1], out[0, input_ids.shape[1]:].tolist()))
-        return out, logits
-
-
-def _accepted_in(handed, seq: list[int]) -> int:
-    total = 0
-    for n, draft in handed:
-        for a, b in zip(draft, seq[n:]):
-            if a != b:
-                break
-            total += 1
-    return total
-
-
-@pytest.mark.parametrize("do_sample", [False, True])
-def test_drafting_figures_come_with_the_output(tiny, do_sample):
-    ids = prompt_ids()
-    gen = Handed(nc.PromptLookupDrafter(n_draft=6))
-    torch.manual_seed(3)
-    out = hf.generate(tiny, ids, gen, max_new_tokens=30, do_sample=do_sample, return_dict_in_generate=True)
-    f = out.drafting
-    seq = out.sequences[0].tolist()
-    assert isinstance(f, hf.Drafting) and f.resets == 0 and f.draft_seconds > 0
-    assert f.steps == len(gen.handed) and f.drafted == sum(len(d) for _, d in gen.handed) > 0
-    assert f.accepted == _accepted_in(gen.handed, seq)
-    assert f.accepted > 0 or do_sample  # greedy follows the repeat in the prompt
-    assert len(seq) - ids.shape[1] == f.steps + f.accepted  # each step: the accepted drafts and one token
-    assert f.acceptance == f.accepted / f.drafted
-    if not do_sample:
-        assert seq == plain(tiny, ids, max_new_tokens=30)[0].tolist()
-    # a second call with the same generator reports its own figures; the generator counts on
-    gen.handed.clear()
-    out2 = hf.generate(tiny, out.sequences, gen, max_new_tokens=10, do_sample=do_sample, return_dict_in_generate=True)
-    f2 = out2.drafting
-    assert f2.steps == len(gen.handed) and f2.accepted == _accepted_in(gen.handed, out2.sequences[0].tolist())
-    assert out2.sequences.shape[1] - out.sequences.shape[1] == f2.steps + f2.accepted
-    assert gen.steps == f.steps + f2.steps and gen.accepted == f.accepted + f2.accepted and gen.resets == 0
-    gen.reset_counters()
-    assert (gen.steps, gen.resets, gen.drafted, gen.accepted, gen.draft_seconds) == (0, 0, 0, 0, 0.0)
 
 
 def test_logits_processor_kept(tiny):
@@ -501,81 +428,3 @@ def test_unknown_model_file(tmp_path):
     pytest.importorskip("gguf")
     with pytest.raises(FileNotFoundError):
         hf.load_model(tmp_path / "none.gguf")
-
-
-# --- real models, loaded by transformers from the packaged GGUF files -----------------
-
-
-def _real_prompts() -> list[str]:
-    return [
-        data.type_hints_task().prompt,
-        data.conversation_task().prompt,
-        data.rag_task(limit=1200).prompt,
-        data.summary_task(limit=1200).prompt,
-        data.open_task().prompt,
-        "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog.",
-    ]
-
-
-@pytest.fixture(scope="session")
-def smollm2():
-    pytest.importorskip("gguf")
-    pytest.importorskip("accelerate")
-    try:
-        return hf.load_model("smollm2")
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-
-
-@pytest.mark.model
-@pytest.mark.slow
-@pytest.mark.parametrize("i", range(6))
-def test_smollm2_greedy_identical_every_drafter(smollm2, i):
-    model, tok = smollm2
-    assert isinstance(model, transformers.LlamaForCausalLM) and model.dtype == torch.float32
-    ids = hf.chat_input_ids(tok, _real_prompts()[i])
-    n_new = 24
-    ref = plain(model, ids, max_new_tokens=n_new)
-    drafted = accepted = 0
-    for name in DRAFTERS:
-        d = make_drafter(name, n_draft=10)
-        out = hf.generate(model, ids, d, max_new_tokens=n_new, do_sample=False)
-        assert torch.equal(out, ref), (name, tok.decode(ref[0, ids.shape[1]:]), tok.decode(out[0, ids.shape[1]:]))
-        drafted += d.stats.drafted
-        accepted += d.stats.accepted
-    if i == 5:  # the model answers and stops at its EOS (<|im_end|>) before max_new_tokens
-        eos = model.generation_config.eos_token_id
-        eos = set(eos) if isinstance(eos, (list, tuple)) else {eos}
-        assert ref.shape[1] < ids.shape[1] + n_new and ref[0, -1].item() in eos
-    if i < 2:  # copy-heavy prompts: drafts are proposed and accepted
-        assert accepted > 0
-
-
-@pytest.mark.model
-@pytest.mark.slow
-def test_smollm2_adaptive_and_sampling(smollm2):
-    model, tok = smollm2
-    ids = hf.chat_input_ids(tok, data.type_hints_task().prompt)
-    ref = plain(model, ids, max_new_tokens=16)
-    d = hf.adaptive_drafter(model, "copy", n_draft=8, costs=[1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4])
-    assert torch.equal(hf.generate(model, ids, d, max_new_tokens=16, do_sample=False), ref)
-    torch.manual_seed(0)
-    out = hf.generate(model, ids, "copy", max_new_tokens=16, do_sample=True, temperature=0.8)
-    assert out.shape[1] <= ids.shape[1] + 16 and torch.equal(out[:, : ids.shape[1]], ids)
-
-
-@pytest.mark.model
-@pytest.mark.slow
-def test_gemma3_greedy_identical():
-    pytest.importorskip("gguf")
-    pytest.importorskip("accelerate")
-    try:
-        model, tok = hf.load_model("gemma")
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    assert type(model).__name__ == "Gemma3ForCausalLM"
-    ids = hf.chat_input_ids(tok, data.type_hints_task().prompt)  # a base model: the raw prompt
-    ref = plain(model, ids, max_new_tokens=16)
-    for name in ("copy", "suffix", "pld"):
-        d = make_drafter(name, n_draft=8)
-        assert torch.equal(hf.generate(model, ids, d, max_new_tokens=16, do_sample=False), ref), name

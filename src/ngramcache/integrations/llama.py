@@ -32,8 +32,8 @@ from ngramcache.drafters.base import Drafter
 from ngramcache.integrations import exactness
 from ngramcache.integrations.exactness import ExactnessReport, check_exact, exactness_status, no_weight_repacking
 from ngramcache.integrations.llama_backend import LlamaBackend, backend_of, llama_cpp, need_llama
-from ngramcache.integrations.llama_costs import (_cost_key, adaptive_drafter, calibrate, cost_store_path,
-                                                 load_costs, store_costs, verify_costs)
+from ngramcache.integrations.llama_costs import (_cost_key, adaptive_drafter, calibrate, cost_store_path,  # noqa: F401
+                                                 load_costs, store_costs, verify_costs)  # (_cost_key: fuzz/targets.py)
 from ngramcache.integrations.llama_draft_model import (CountingDraftModel, LlamaDraftModel, LlamaDrafter,
                                                        check_llama, generate_llama_cpp)
 
