@@ -142,11 +142,12 @@ def test_release_wheel_is_manylinux_and_holds_the_package(release):
 
 def test_release_sdist_holds_what_a_build_needs_and_no_bulk(release):
     members = _sdist_members(release["sdist"])
-    for name in ("pyproject.toml", "CMakeLists.txt", "README.md", "cpp/bindings.cpp", "src/ngramcache/__init__.py",
+    for name in ("pyproject.toml", "CMakeLists.txt", "README.md", "cpp/bind/module.cpp", "src/ngramcache/__init__.py",
                  "src/ngramcache/_core.pyi", "src/ngramcache/py.typed", "src/ngramcache/data/chat.html"):
         assert name in members, name
     # every header the binding includes, and those they include, down to the last one
-    wanted, seen = ["cpp/bindings.cpp"], set()
+    wanted, seen = [name for name in members if name.startswith("cpp/bind/") and name.endswith(".cpp")], set()
+    assert len(wanted) > 1, wanted
     while wanted:
         source = wanted.pop()
         seen.add(source)

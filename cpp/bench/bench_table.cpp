@@ -1,4 +1,4 @@
-// Micro-benchmark (design.md §2): ngramcache's NgramCache against std::unordered_map and
+// Micro-benchmark (docs/benchmarks.md): ngramcache's NgramCache against std::unordered_map and
 // boost::unordered_flat_map on the context-cache workload, without Python in the way.
 //
 // Workload: the vectors' replay loop over a token stream: at every position, update the

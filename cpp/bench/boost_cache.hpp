@@ -1,4 +1,4 @@
-// Bench only (design.md §2): NgramCache's part storage behind boost::unordered_flat_map
+// Bench only (docs/benchmarks.md): NgramCache's part storage behind boost::unordered_flat_map
 // instead of our own flat table, so that bench_table.cpp can compare the hash tables alone.
 // Everything except the key -> part-index map is what cache.hpp does: parts in fixed-size
 // segments (stable addresses), keys kept in insertion order (key_at, merge and save need

@@ -88,7 +88,7 @@ struct RefCache {
             }
         p.emplace_back(tok, cnt);
     }
-    // spec §1.2, literally.
+    // llama.cpp's update (docs/llama-lookup.md §2), literally.
     void update(const Tokens& inp, size_t len, int nmin, int nmax, size_t nnew) {
         for (int n = nmin; n <= nmax; ++n) {
             size_t i_start = len >= nnew ? len - nnew : 0;

@@ -1,5 +1,5 @@
 // NgramCache against the slow reference of support.hpp (llama.cpp's update and merge,
-// spec §1.2 and §1.6), plus its own guarantees: first-seen order, stable part addresses,
+// docs/llama-lookup.md §2 and §4), plus its own guarantees: first-seen order, stable part addresses,
 // overflow detection.
 #include <climits>
 #include <random>

@@ -200,14 +200,18 @@ TEST(the_index_lists_every_position_once) {
     for (size_t have = 100; have < text.size(); have += 7)
         d.accept(text.data() + have, std::min<size_t>(7, text.size() - have));
     std::vector<int> seen(text.size(), 0);
-    std::map<Tokens, size_t> newest;  // per gram: positions come oldest first
-    d.for_each_indexed([&](size_t p) {
-        ++seen[p];
-        const Tokens gram(text.begin() + static_cast<std::ptrdiff_t>(p) - 2, text.begin() + static_cast<std::ptrdiff_t>(p) + 1);
-        auto it = newest.find(gram);
-        if (it != newest.end()) CHECK(it->second < p);
-        newest[gram] = p;
-    });
+    std::map<Tokens, int> grams;  // each gram listed once
+    for (const CopyDrafter::IndexedGram& g : d.indexed_grams()) {
+        CHECK_EQ(++grams[g.gram], 1);
+        for (size_t i = 0; i < g.positions.size(); ++i) {
+            const size_t p = g.positions[i];
+            ++seen[p];
+            if (i > 0) CHECK(g.positions[i - 1] < p);  // oldest first
+            const Tokens gram(text.begin() + static_cast<std::ptrdiff_t>(p) - 2,
+                              text.begin() + static_cast<std::ptrdiff_t>(p) + 1);
+            CHECK_EQ(gram, g.gram);
+        }
+    }
     for (size_t p = 0; p < text.size(); ++p) CHECK_EQ(seen[p], (p >= 2 && p + 1 < text.size()) ? 1 : 0);
 }
 

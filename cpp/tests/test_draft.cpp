@@ -1,5 +1,5 @@
-// draft() against spec §1.3: hand-made cases for each threshold and rule, and a slow
-// reference written from the spec's pseudo-code, compared on random small-vocabulary
+// draft() against llama.cpp's rules (docs/llama-lookup.md §3): hand-made cases for each
+// threshold and rule, and a slow reference written from that section's pseudo-code, compared on random small-vocabulary
 // streams (where ties and threshold edges are frequent).
 #include <climits>
 #include <random>
@@ -55,7 +55,7 @@ static Drafted run_plain(const Tokens& inp, size_t n_draft, const NgramCache& ct
     return run(inp, n_draft, 1, 4, ctx, dyn, NoStatic{});
 }
 
-// ---- the reference, from the spec's pseudo-code --------------------------------------
+// ---- the reference, from the documented pseudo-code -----------------------------------
 
 // Parts are visited in a real unordered_map's order with a strict '>', as llama.cpp does.
 static token_t ref_try_primary(const RefCache& cache, const Tokens& S, int nmin, int nmax, const RefPart* ps,
@@ -421,6 +421,22 @@ TEST(keys_before_the_start_read_what_llama_cpp_reads) {
     const LlamaOobReads usual;
     CHECK_EQ(draft(two, 2, 3, 1, 4, ctx, nullptr, NoStatic{}, out.data(), nullptr, &usual), size_t(0));
     CHECK_EQ(draft(two, 2, 3, 1, 4, ctx, nullptr, NoStatic{}, out.data()), size_t(0));
+}
+
+TEST(oob_reads_come_from_rows_in_their_documented_order) {
+    // rows: S[-2] and S[-1] before 2 tokens, S[-1] there once grown, S[-1] before 3 tokens
+    const token_t rows[8] = {7, 8, 9, 6, 1, 2, 3, 4};
+    const std::vector<LlamaOobReads> r = oob_reads_from_rows(rows, 2);
+    CHECK_EQ(r.size(), size_t(2));
+    CHECK_EQ(r[0].before2[0], 7);
+    CHECK_EQ(r[0].before2[1], 8);
+    CHECK_EQ(r[0].before2_grown, 9);
+    CHECK_EQ(r[0].before3, 6);
+    CHECK_EQ(r[1].before2[0], 1);
+    CHECK_EQ(r[1].before2[1], 2);
+    CHECK_EQ(r[1].before2_grown, 3);
+    CHECK_EQ(r[1].before3, 4);
+    CHECK(oob_reads_from_rows(rows, 0).empty());
 }
 
 TEST(fewer_than_two_tokens_or_zero_n_draft_draft_nothing) {

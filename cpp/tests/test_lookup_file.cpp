@@ -1,4 +1,4 @@
-// llama.cpp's lookup.bin (spec §1.4-1.5): the exact bytes, every malformed case, the
+// llama.cpp's lookup.bin (docs/llama-lookup.md §4): the exact bytes, every malformed case, the
 // first-wins rule for duplicates, and the file helpers (read_file, write_file_atomic).
 #include <sys/stat.h>
 
@@ -58,7 +58,7 @@ static void expect_format_error(const Bytes& b, const std::string& why, size_t o
 }
 
 TEST(serialize_gives_the_documented_bytes) {
-    // The example of spec §1.4: key (15043, 3186), next tokens 29871 x 5 and 13 x 2. A map
+    // The documented example (docs/llama-lookup.md §4): key (15043, 3186), next tokens 29871 x 5 and 13 x 2. A map
     // that received 13 and then 29871 visits 29871 first.
     NgramCache c;
     Part& p = c.get_or_insert(Ngram::of2(15043, 3186));

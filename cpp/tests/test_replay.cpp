@@ -1,4 +1,4 @@
-// replay() (llama-lookup-stats' loop, spec §2.5): a stream counted by hand from the
+// replay() (llama-lookup-stats' loop, docs/llama-lookup.md §5.1): a stream counted by hand from the
 // drafting rules, the chunking rule, the figures' internal consistency, progress reports.
 #include <random>
 #include <stdexcept>
@@ -31,7 +31,7 @@ static void grow_context(NgramCache& c, const token_t* chunk, size_t n) {
 static I64s arr(const int64_t* a, int n) { return I64s(a, a + n); }
 
 // (1 2 3) three times, twice, then a 4: n_ctx 9 makes two chunks of the same nine tokens
-// and the 4 is never replayed. Worked out by hand from spec §1.3 (n_draft 3, no static):
+// and the 4 is never replayed. Worked out by hand from the drafting rules (n_draft 3, no static):
 //
 // chunk 1, context only (lax thresholds); each line is one draft step, then the token
 // the text gives:

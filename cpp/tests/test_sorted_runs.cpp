@@ -15,6 +15,7 @@
 #include "ngramcache/lookup_file.hpp"
 #include "ngramcache/ngst_build.hpp"
 #include "ngramcache/sorted_runs.hpp"
+#include "ngramcache/static_table.hpp"
 
 using namespace ngramcache;
 using test::Tokens;
@@ -75,6 +76,13 @@ TEST(shards_merge_into_the_single_pass_bytes) {
         const ngst::Image want = ngst::build_image(t.data(), t.size(), n);
         CHECK_EQ(img.size, want.size);
         CHECK(std::memcmp(img.bytes.get(), want.bytes.get(), img.size) == 0);
+        const runs::MergeCounts file_counts =
+            runs::merge_to_ngst_file(paths, dir.file("out.ngst"), n, true, 1 + rng() % 7);
+        const std::vector<uint8_t> file = read_bytes(dir.file("out.ngst"));
+        CHECK_EQ(file.size(), want.size);
+        CHECK(std::memcmp(file.data(), want.bytes.get(), file.size()) == 0);
+        CHECK_EQ(file_counts.keys, counts.keys);
+        CHECK_EQ(file_counts.total, counts.total);
         NgramCache cache;
         cache.update(t.data(), t.size(), n, n, t.size());
         runs::merge_to_lookup(paths, dir.file("out.bin"), dir.file("spool"), block);
@@ -122,6 +130,29 @@ TEST(cache_runs_merge_like_ngramcache_merge) {
         const std::vector<char> want = serialize_lookup(merged);
         const std::vector<uint8_t> got = read_bytes(dir.file("out.bin"));
         CHECK_EQ(got.size(), want.size());
+        CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
+    }
+}
+
+TEST(a_shared_caches_run_is_its_entries_run_and_makes_its_table) {
+    std::mt19937 rng(13);
+    for (int round = 0; round < 20; ++round) {
+        const int n = 1 + round % 4;
+        const Tokens t = test::random_stream(rng, rng() % 1500, token_t(2 + rng() % 30));
+        SharedCache shared;
+        shared.unlocked().update(t.data(), t.size(), n, n, t.size());
+        test::TempDir dir;
+        check::note() = "round " + std::to_string(round);
+        const bool llama_order = round % 2 == 1;
+        runs::save_cache_run(shared, 3, llama_order, dir.file("shared.run"));
+        std::vector<runs::RunEntry> entries = runs::cache_entries(shared.unlocked(), 3, llama_order);
+        runs::save_run(entries, dir.file("plain.run"));
+        CHECK(read_bytes(dir.file("shared.run")) == read_bytes(dir.file("plain.run")));
+        // one cache's run merged into a table: the table of that cache
+        runs::merge_to_ngst_file({dir.file("shared.run")}, dir.file("t.ngst"), n, false, 1 + rng() % 9);
+        const StaticTable want = StaticTable::from_cache(shared.unlocked(), n);
+        const std::vector<uint8_t> got = read_bytes(dir.file("t.ngst"));
+        CHECK_EQ(got.size(), size_t(want.nbytes()));
         CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
     }
 }

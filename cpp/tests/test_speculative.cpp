@@ -299,6 +299,40 @@ TEST(adapter_replays_like_the_plain_drafter_per_step) {
     CHECK_EQ(r.n_accept, accepted);
 }
 
+// extend_history against its definition: the history becomes prompt[:start] + tokens when
+// it was prompt[:start] + a prefix of tokens, and stays as it was otherwise.
+template <class D>
+static void check_extend(D& d, std::mt19937& rng) {
+    for (int round = 0; round < 400; ++round) {
+        const Tokens prompt = test::random_stream(rng, rng() % 40, 2);
+        // the history: a prefix of the prompt, sometimes with a token changed or one too many
+        Tokens hist(prompt.begin(), prompt.begin() + static_cast<long>(rng() % (prompt.size() + 1)));
+        if (!hist.empty() && rng() % 4 == 0) hist[rng() % hist.size()] ^= 1;
+        if (rng() % 6 == 0) hist.push_back(0);
+        d.sync(hist.data(), hist.size());
+        const size_t start = rng() % (prompt.size() + 2);
+        const Tokens tokens(prompt.begin() + static_cast<long>(std::min(start, prompt.size())), prompt.end());
+        const bool fits = start <= hist.size() && hist.size() <= start + tokens.size() &&
+                          std::equal(hist.begin() + static_cast<long>(start), hist.end(), tokens.begin());
+        check::note() = "round " + std::to_string(round) + " start " + std::to_string(start);
+        CHECK_EQ(extend_history(d, tokens.data(), tokens.size(), start), fits);
+        Tokens want = hist;
+        if (fits) want.insert(want.end(), tokens.begin() + static_cast<long>(hist.size() - start), tokens.end());
+        CHECK_EQ(Tokens(d.history().data(), d.history().data() + d.history().size()), want);
+    }
+    check::note().clear();
+}
+
+TEST(extend_history_appends_only_a_continuation) {
+    std::mt19937 rng(9);
+    NgramSimple simple(2, 4);
+    check_extend(simple, rng);
+    NgramMap map(2, 4);
+    check_extend(map, rng);
+    NgramMod mod(std::make_shared<NgramModTable>(1024), 4, 1, 8);
+    check_extend(mod, rng);
+}
+
 TEST(eight_threads_share_one_mod_table) {
     // Every thread replays the same stream on a table filled beforehand with that stream;
     // its windows map to slots with one continuation each (a random text repeated), so every add rewrites

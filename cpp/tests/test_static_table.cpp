@@ -166,6 +166,48 @@ TEST(documented_example_image) {
     CHECK_EQ(built.header().bucket_bits, 2u);
 }
 
+TEST(describe_places_every_section) {
+    // the documented example again (docs/format.md, "Example"): its sections and checksums
+    const Tokens t = {1, 2, 3, 1, 2, 4, 1, 2, 3};
+    const StaticTable built = StaticTable::build(t.data(), t.size(), 2);
+    const ngst::Description d = ngst::describe(built.header());
+    CHECK_EQ(std::string(d.magic), std::string("NGST"));
+    CHECK_EQ(d.layout.file_size, uint64_t(320));
+    CHECK_EQ(d.layout.n_buckets, uint64_t(4));
+    CHECK_EQ(d.layout.stride, 24u);
+    const uint64_t want[4][2] = {{0, 64}, {64, 20}, {128, 120}, {256, 16}};
+    const char* names[4] = {"header", "index", "records", "entries"};
+    for (int i = 0; i < 4; ++i) {
+        check::note() = names[i];
+        CHECK_EQ(std::string(d.sections[i].name), std::string(names[i]));
+        CHECK_EQ(d.sections[i].offset, want[i][0]);
+        CHECK_EQ(d.sections[i].size, want[i][1]);
+    }
+    check::note().clear();
+    CHECK_EQ(d.sections[0].checksum, uint64_t(built.header().ck_header));
+    CHECK_EQ(d.sections[0].checksum, uint64_t(0xc3dea3feull));
+    CHECK_EQ(d.sections[1].checksum, uint64_t(0x0a2ee5ad701942c7ull));
+    CHECK_EQ(d.sections[2].checksum, built.header().ck_records);
+    CHECK_EQ(d.sections[3].checksum, built.header().ck_entries);
+}
+
+TEST(decode_header_prefix_reads_no_further_than_given) {
+    const Tokens t = {1, 2, 3, 1, 2, 4, 1, 2, 3};
+    const Image img = image_of(StaticTable::build(t.data(), t.size(), 2));
+    const ngst::Header whole = ngst::decode_header_prefix(img.data(), img.size(), img.size(), "t.ngst");
+    CHECK_EQ(whole.n_keys, uint64_t(5));
+    CHECK_EQ(whole.ck_index, uint64_t(0x0a2ee5ad701942c7ull));
+    // a short file: its bytes alone (a copy of exactly that length, so ASan sees any read past it)
+    for (size_t n : {size_t(0), size_t(10), size_t(63)}) {
+        const std::vector<uint8_t> head(img.begin(), img.begin() + static_cast<long>(n));
+        CHECK_THROWS_AS(ngst::decode_header_prefix(head.data(), n, n, "s.ngst"), FormatError,
+                        n == 0 ? "empty file" : "truncated");
+    }
+    // the full header of a longer file than it describes
+    CHECK_THROWS_AS(ngst::decode_header_prefix(img.data(), 64, img.size() + 64, "l.ngst"), FormatError,
+                    "trailing data");
+}
+
 TEST(find_of_absent_keys) {
     std::mt19937 rng(41);
     const Tokens t = test::random_stream(rng, 3000, 30);

@@ -99,16 +99,24 @@ public:
     const CopyOptions& options() const { return opt_; }
     const std::vector<token_t>& tokens() const { return seq_; }
 
-    // f(pos) for every indexed position, each min_match-gram's positions oldest first,
-    // the grams in no particular order (for tests and inspection).
-    template <class F>
-    void for_each_indexed(F&& f) const {
-        std::vector<size_t> chain;
+    // Every indexed min_match-gram with its positions (each the gram's last token), oldest
+    // first; the grams in no particular order (for tests and inspection).
+    struct IndexedGram {
+        std::vector<token_t> gram;
+        std::vector<size_t> positions;
+    };
+    std::vector<IndexedGram> indexed_grams() const {
+        std::vector<IndexedGram> out;
+        const size_t m = opt_.min_match;
         heads_.for_each([&](size_t head) {
-            chain.clear();
-            for (size_t p = head; p != SpanIndex::npos; p = prev_[p]) chain.push_back(p);
-            for (auto it = chain.rbegin(); it != chain.rend(); ++it) f(*it);
+            IndexedGram g;
+            g.gram.assign(seq_.begin() + static_cast<std::ptrdiff_t>(head + 1 - m),
+                          seq_.begin() + static_cast<std::ptrdiff_t>(head + 1));
+            for (size_t p = head; p != SpanIndex::npos; p = prev_[p]) g.positions.push_back(p);
+            std::reverse(g.positions.begin(), g.positions.end());
+            out.push_back(std::move(g));
         });
+        return out;
     }
 
 private:

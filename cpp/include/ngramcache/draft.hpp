@@ -1,6 +1,6 @@
-// llama.cpp's common_ngram_cache_draft (spec §1.3), without its copies.
+// llama.cpp's common_ngram_cache_draft (docs/llama-lookup.md §3), without its copies.
 //
-// Deliberate differences from the reference (design.md §3):
+// Deliberate differences from llama.cpp (listed there too):
 // - products in 128 bits, so huge counts times huge static counts cannot overflow;
 // - an n-gram longer than the sequence is "not found" (the reference reads out of bounds;
 //   replay can reproduce what it reads there, see replay.hpp).
@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "cache.hpp"
 #include "libstdcxx_order.hpp"
@@ -190,7 +191,7 @@ inline bool try_primary(const NgramCache& cache, const token_t* window, int wind
 }  // namespace detail
 
 // What llama.cpp reads before the start of a 2- or 3-token sequence, where its keys of 3
-// and 4 tokens reach out of bounds (spec §1.3, hazard 3): get_token() indexes its `draft`
+// and 4 tokens reach out of bounds (docs/parity.md §2): get_token() indexes its `draft`
 // vector at -n_inp and -n_inp-1, inside glibc's malloc header of that 32-byte buffer
 // (x86-64, arm64). The defaults are what that header usually holds: its size word 33 (32
 // with the in-use bit of the chunk before it) right before a 2-token sequence, and 0 (the
@@ -204,6 +205,21 @@ struct LlamaOobReads {
     token_t before2_grown = 33;
     token_t before3 = 0;           // S[-1] before a 3-token sequence
 };
+
+// One LlamaOobReads per row of `rows` (n_rows rows of 4 tokens: S[-2] and S[-1] before a
+// 2-token sequence, S[-1] there once grown, S[-1] before a 3-token sequence), as a caller
+// that measured or chose them per chunk passes them.
+inline std::vector<LlamaOobReads> oob_reads_from_rows(const token_t* rows, size_t n_rows) {
+    std::vector<LlamaOobReads> out(n_rows);
+    for (LlamaOobReads& r : out) {
+        r.before2[0] = rows[0];
+        r.before2[1] = rows[1];
+        r.before2_grown = rows[2];
+        r.before3 = rows[3];
+        rows += 4;
+    }
+    return out;
+}
 
 // Drafts up to n_draft tokens after inp[0..n_inp-1] (its last token is the newest one,
 // llama.cpp's draft[0]). Writes them to `out` and returns how many; `steps`, if given,

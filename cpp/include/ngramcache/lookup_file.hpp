@@ -1,4 +1,4 @@
-// llama.cpp's lookup.bin format (spec §1.4-1.5): parsing, loading into an NgramCache,
+// llama.cpp's lookup.bin format (docs/llama-lookup.md §4): parsing, loading into an NgramCache,
 // serialising one and saving it.
 //
 // Records follow each other with no header: key (4 x int32, -1 padded), int32 ntokens,

@@ -1,5 +1,5 @@
 // llama.cpp's ngram-map-k and ngram-map-k4v drafters (common_ngram_map_begin/draft/accept,
-// spec/llama-ngram.md §3.3), with the same drafts.
+// docs/speculative.md), with the same drafts.
 //
 // What is kept exactly as in llama.cpp, because the drafts depend on it: the 2^18-slot
 // key_map (first writer wins, so colliding n-grams become unfindable once indexed), its

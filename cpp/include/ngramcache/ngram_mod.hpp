@@ -1,5 +1,5 @@
 // llama.cpp's ngram-mod drafter (PR #19164, common/ngram-mod.* and its impl in
-// common/speculative.cpp; spec/llama-ngram.md §3.4), with the same drafts.
+// common/speculative.cpp; docs/speculative.md), with the same drafts.
 //
 // NgramModTable is common_ngram_mod: a fixed array of int32 slots (default 4,194,304 =
 // 16 MiB), slot = polynomial hash of the n-gram mod size, holding the token that

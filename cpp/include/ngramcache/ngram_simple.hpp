@@ -1,4 +1,4 @@
-// llama.cpp's ngram-simple drafter (common_ngram_simple_draft, spec/llama-ngram.md §3.2),
+// llama.cpp's ngram-simple drafter (common_ngram_simple_draft; docs/speculative.md),
 // with the same drafts and a step cost that does not grow with the context.
 //
 // The reference scans the context backwards for the most recent earlier occurrence of

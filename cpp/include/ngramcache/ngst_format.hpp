@@ -3,6 +3,7 @@
 // or a writer of the format must agree on lives here, and nothing else.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -286,6 +287,42 @@ inline Header decode_header(const uint8_t* p, uint64_t file_size, const std::str
              " (trailing data)");
     }
     return h;
+}
+
+// decode_header() of a file's first `n` bytes, which may be fewer than the header's 64 (a
+// short file): the missing bytes read as zeros, so the size check fails first and nothing
+// is read past what was given.
+inline Header decode_header_prefix(const uint8_t* p, size_t n, uint64_t file_size, const std::string& name) {
+    uint8_t head[kHeaderSize] = {};
+    if (n > 0) std::memcpy(head, p, std::min<size_t>(n, kHeaderSize));
+    return decode_header(head, file_size, name);
+}
+
+// A header with everything it implies, as `ngramcache info` and StaticTable.read_header
+// show it: the fields, the layout, and each section's place, size and checksum (the
+// header's own is its 32-bit header check).
+struct Description {
+    struct Section {
+        const char* name;
+        uint64_t offset, size, checksum;
+    };
+    const char* magic = "NGST";
+    const char* byte_order = "little";
+    Header header;
+    Layout layout;
+    Section sections[4];  // header, index, records, entries
+};
+
+inline Description describe(const Header& h) {
+    Description d;
+    d.header = h;
+    d.layout = layout_of(h.ngram_size, h.bucket_bits, h.n_keys, h.n_stored);
+    const Layout& L = d.layout;
+    d.sections[0] = {"header", 0, kHeaderSize, h.ck_header};
+    d.sections[1] = {"index", L.index_off, L.index_size, h.ck_index};
+    d.sections[2] = {"records", L.records_off, L.records_size, h.ck_records};
+    d.sections[3] = {"entries", L.entries_off, L.entries_size, h.ck_entries};
+    return d;
 }
 
 // Recomputes the section checksums and the header check of an image whose header

@@ -1,4 +1,4 @@
-// llama-lookup-stats' replay loop (spec §2.5), plus the figures users asked for beyond it.
+// llama-lookup-stats' replay loop (docs/llama-lookup.md §5.1), plus the figures users asked for beyond it.
 //
 // The text is cut into chunks of n_ctx tokens; the final chunk is skipped when it does not
 // leave a token over (strict '<', as llama.cpp, so an exactly-fitting last chunk is skipped

@@ -18,12 +18,29 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <utility>
 #include <vector>
 
 #include "ngram.hpp"
 
 namespace ngramcache {
+
+// For a caller that holds a prompt whose first `start` tokens it knows D's history to
+// share, and passes only tokens = prompt[start:]: if the history is no longer than the
+// prompt and its tokens from `start` on repeat the first ones of `tokens`, the rest of
+// `tokens` is appended and the result is true; otherwise nothing changes and the result is
+// false (the caller then syncs the whole prompt). Costs the overlap's comparison, not the
+// prompt's.
+template <class D>
+bool extend_history(D& d, const token_t* tokens, size_t n, size_t start) {
+    const size_t have = d.history().size();
+    if (start > have || start + n < have) return false;
+    const size_t overlap = have - start;
+    if (overlap && std::memcmp(d.history().data() + start, tokens, overlap * sizeof(token_t)) != 0) return false;
+    d.append(tokens + overlap, n - overlap);
+    return true;
+}
 
 template <class D>
 class SequenceAdapter {

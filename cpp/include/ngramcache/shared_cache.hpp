@@ -15,9 +15,12 @@
 #include <shared_mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cache.hpp"
 #include "draft.hpp"
+#include "file_io.hpp"
+#include "lookup_file.hpp"
 #include "ngram.hpp"
 #include "replay.hpp"
 #include "static_table.hpp"
@@ -141,6 +144,46 @@ inline size_t draft_shared(const token_t* inp, size_t n_inp, size_t n_draft, int
     return with_static(st, [&](const auto& s) {
         return draft(inp, n_inp, n_draft, ngram_min, ngram_max, context.unlocked(), dyn, s, out);
     });
+}
+
+// The entries that followed `key` in first-seen order (none when the key is absent).
+inline std::vector<Entry> entries_of(const SharedCache& s, const Ngram& key) {
+    return s.read([&](const NgramCache& c) {
+        const Part* part = c.find(key);
+        return part != nullptr ? std::vector<Entry>(part->begin(), part->end()) : std::vector<Entry>();
+    });
+}
+
+// The cache as flat arrays (NgramCache::export_arrays), copied under the read lock:
+// keys[i * kNgramMax ...] (padded), the entries of key i at [offsets[i], offsets[i + 1]).
+struct CacheArrays {
+    std::vector<int32_t> keys;
+    std::vector<int64_t> offsets;
+    std::vector<int32_t> tokens, counts;
+};
+
+inline CacheArrays export_shared(const SharedCache& s) {
+    CacheArrays a;
+    s.read([&](const NgramCache& c) {
+        a.keys.resize(c.size() * kNgramMax);
+        a.offsets.resize(c.size() + 1);
+        a.tokens.resize(c.n_entries());
+        a.counts.resize(c.n_entries());
+        c.export_arrays(a.keys.data(), a.offsets.data(), a.tokens.data(), a.counts.data());
+    });
+    return a;
+}
+
+// The cache saved as llama.cpp's lookup.bin, atomically: the image is made under the read
+// lock and written once it is released, so writers wait for the image only, not the disk.
+inline void save_shared(const SharedCache& s, const std::string& path) {
+    const std::vector<char> img = s.read(serialize_lookup);
+    write_file_atomic(path, img.data(), img.size());
+}
+
+// A static table of the cache's n-grams of one size (StaticTable::from_cache), read locked.
+inline StaticTable table_from_shared(const SharedCache& s, int ngram_size) {
+    return s.read([&](const NgramCache& c) { return StaticTable::from_cache(c, ngram_size); });
 }
 
 // dst += src (llama.cpp's common_ngram_cache_merge); src may be dst, which doubles it.

@@ -41,6 +41,7 @@
 #include "ngram.hpp"
 #include "ngst_build.hpp"
 #include "ngst_format.hpp"
+#include "shared_cache.hpp"
 
 namespace ngramcache {
 namespace runs {
@@ -504,6 +505,26 @@ inline ngst::Image merge_to_ngst(const std::vector<std::string>& paths, int ngra
             for (size_t j = 0; j < g.entries.size(); ++j) ngst::write_entry(ent, j, g.entries[j].token, g.entries[j].count);
     };
     return ngst::image_from_sorted_keys(n, src, std::move(hash_hi), ntok, total, fill);
+}
+
+// The merged runs written to `path` as an NGST file, atomically: from runs of tokens (a
+// key's best token the first seen of its most frequent, as StaticTable::build picks it)
+// or from runs of caches (as StaticTable::from_cache picks it).
+inline MergeCounts merge_to_ngst_file(const std::vector<std::string>& paths, const std::string& path,
+                                      int ngram_size, bool from_tokens, size_t block_entries) {
+    MergeCounts counts;
+    const ngst::Image img =
+        merge_to_ngst(paths, ngram_size, from_tokens ? ngst::Source::tokens : ngst::Source::cache,
+                      from_tokens ? BestRule::tokens : BestRule::cache, block_entries, counts);
+    write_file_atomic(path, img.bytes.get(), img.size);
+    return counts;
+}
+
+// The run of a cache other threads may use, written to `path` atomically: its entries are
+// copied under the read lock, sorted and written after it is released.
+inline void save_cache_run(const SharedCache& cache, uint64_t rank, bool llama_order, const std::string& path) {
+    std::vector<RunEntry> entries = cache.read([&](const NgramCache& c) { return cache_entries(c, rank, llama_order); });
+    save_run(entries, path);
 }
 
 // The merged runs as llama.cpp's lookup.bin, written to `path` atomically: what

@@ -1,0 +1,141 @@
+// The drafters of ngramcache's own (the lookup and copy drafters over llama.cpp's caches,
+// plain prompt lookup, the suffix drafter and its store), all of the sequence protocol.
+#include <memory>
+#include <utility>
+
+#include "common.hpp"
+#include "ngramcache/copy_drafter.hpp"
+#include "ngramcache/drafter_replay.hpp"
+#include "ngramcache/lookup_drafter.hpp"
+#include "ngramcache/prompt_lookup.hpp"
+#include "ngramcache/suffix.hpp"
+#include "sequence_drafter.hpp"
+
+namespace ngramcache_bind {
+
+using namespace ngramcache;
+
+namespace {
+
+void register_drafter_replay_result(py::module_& m) {
+    using R = DrafterReplayResult;
+    py::class_<R>(m, "DrafterReplayResult", "What replay_drafter() counted.")
+        .def_readonly("n_input", &R::n_input)
+        .def_readonly("n_ctx", &R::n_ctx)
+        .def_readonly("n_draft", &R::n_draft)
+        .def_readonly("n_chunks", &R::n_chunks)
+        .def_readonly("n_steps", &R::n_steps)
+        .def_readonly("n_drafted", &R::n_drafted)
+        .def_readonly("n_accept", &R::n_accept)
+        .def_readonly("t_draft_ns", &R::t_draft_ns)
+        .def_readonly("t_replay_ns", &R::t_replay_ns)
+        .def_readonly("draft_length_hist", &R::draft_length_hist)
+        .def_readonly("accept_length_hist", &R::accept_length_hist)
+        .def_readonly("drafted_by_position", &R::drafted_by_position)
+        .def_readonly("accepted_by_position", &R::accepted_by_position);
+}
+
+// The lookup caches (context, dynamic, static) are held through pointers, so each Python
+// object stays alive as long as the drafter holds it (keep_alive), whoever else lets go.
+template <class D>
+void def_set_dynamic(py::class_<Exclusive<D>>& c) {
+    c.def(
+        "set_dynamic", [](Exclusive<D>& e, const SharedCache* dynamic) { e.use().set_dynamic(dynamic); },
+        "dynamic"_a.none(true), py::keep_alive<1, 2>());
+}
+
+void register_lookup_drafters(py::module_& m) {
+    auto lookup = bind_sequence_drafter<LookupDrafter>(
+        m, "LookupDrafter", "llama.cpp's lookup: the context cache, then dynamic, then static.",
+        py::init([](SharedCache* context, const SharedCache* dynamic, const py::object& static_obj, int ngram_min,
+                    int ngram_max) {
+            return new Exclusive<LookupDrafter>(ngram_min, ngram_max, dynamic, static_source(static_obj), context);
+        }),
+        "context"_a.none(true), "dynamic"_a.none(true), "static"_a.none(true), "ngram_min"_a = 1, "ngram_max"_a = 4,
+        py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::keep_alive<1, 4>());
+    def_set_dynamic(lookup);
+
+    using Copy = Exclusive<CopyDrafter>;
+    auto copy = bind_sequence_drafter<CopyDrafter>(
+        m, "CopyDrafter", "Copies of earlier spans of the sequence, else llama.cpp's lookup.",
+        py::init([](SharedCache* context, const SharedCache* dynamic, const py::object& static_obj, int ngram_min,
+                    int ngram_max, size_t min_match, size_t max_match, size_t max_candidates) {
+            CopyOptions o;
+            o.ngram_min = ngram_min;
+            o.ngram_max = ngram_max;
+            o.min_match = min_match;
+            o.max_match = max_match;
+            o.max_candidates = max_candidates;
+            return new Copy(o, dynamic, static_source(static_obj), context);
+        }),
+        "context"_a.none(true), "dynamic"_a.none(true), "static"_a.none(true), "ngram_min"_a = 1, "ngram_max"_a = 4,
+        "min_match"_a = 2, "max_match"_a = 32, "max_candidates"_a = 8,
+        py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::keep_alive<1, 4>());
+    def_set_dynamic(copy);
+    copy.def_property_readonly(
+            "source", [](Copy& e) { return e.use().source(); },
+            "Where the last proposal came from: 1 a copy, 0 the lookup caches.")
+        .def(
+            "index",
+            [](Copy& e) {
+                py::dict out;
+                for (const CopyDrafter::IndexedGram& g : e.use().indexed_grams())
+                    out[py::tuple(py::cast(g.gram))] = py::cast(g.positions);
+                return out;
+            },
+            "Every indexed position by its min_match-gram, oldest first (for tests).");
+}
+
+void register_suffix(py::module_& m) {
+    // Shared by drafters (shared_ptr): adds and evictions take its lock exclusively,
+    // proposals share it; the GIL is released around adds, which cost O(max_depth) a token.
+    py::class_<SuffixStore, std::shared_ptr<SuffixStore>>(m, "SuffixStore", "Earlier requests' tokens for SuffixDrafter.")
+        .def(py::init<size_t, size_t>(), "max_tokens"_a = 1000000, "max_depth"_a = 64)
+        .def(
+            "add",
+            [](SuffixStore& s, const Tokens& t) {
+                py::gil_scoped_release release;
+                s.add(t.data(), len(t));
+            },
+            "tokens"_a)
+        .def("clear", &SuffixStore::clear, py::call_guard<py::gil_scoped_release>())
+        .def("requests",
+             [](const SuffixStore& s) {
+                 const auto reqs = nogil([&] { return s.requests(); });
+                 py::list out;
+                 for (const auto& r : reqs) out.append(as_array(r));
+                 return out;
+             })
+        .def_property_readonly("n_tokens", &SuffixStore::n_tokens)
+        .def_property_readonly("n_requests", &SuffixStore::n_requests)
+        .def_property_readonly("n_nodes", &SuffixStore::n_nodes)
+        .def_property_readonly("nbytes", &SuffixStore::memory_bytes)
+        .def_property_readonly("max_tokens", &SuffixStore::max_tokens)
+        .def_property_readonly("max_depth", &SuffixStore::max_depth);
+
+    using Suffix = Exclusive<SuffixDrafter>;
+    bind_sequence_drafter<SuffixDrafter>(m, "SuffixDrafter",
+                                         "Most frequent continuation of the longest suffix match (SuffixDecoding).",
+                                         py::init<size_t, double, double, std::shared_ptr<SuffixStore>>(),
+                                         "max_depth"_a, "alpha"_a, "min_prob"_a, "store"_a.none(true))
+        .def("finish", [](Suffix& e) { e.use().finish(); })
+        .def_property_readonly("n_nodes", [](Suffix& e) { return e.use().n_nodes(); })
+        .def_property_readonly("nbytes", [](Suffix& e) { return e.use().memory_bytes(); });
+}
+
+}  // namespace
+
+void register_drafters(py::module_& m) {
+    register_drafter_replay_result(m);
+    register_lookup_drafters(m);
+    bind_sequence_drafter<PromptLookupDrafter>(
+        m, "PromptLookupDrafter", "Plain prompt lookup (Hugging Face, llama-cpp-python, vLLM).",
+        py::init([](int max_ngram, int min_ngram, bool recent) {
+            using Match = PromptLookupDrafter::Match;
+            return new Exclusive<PromptLookupDrafter>(max_ngram, min_ngram, recent ? Match::recent : Match::first);
+        }),
+        "max_ngram"_a = 3, "min_ngram"_a = 1, "recent"_a = false);
+    register_suffix(m);
+}
+
+}  // namespace ngramcache_bind

@@ -1,0 +1,107 @@
+// llama.cpp's ngram-simple, ngram-map-k/k4v and ngram-mod (ngramcache.drafters.llama_ngram),
+// each bound twice from one registration: in llama.cpp's calling shape (sync/extend,
+// begin, draft(id_last), accept(n_accepted)) and as its SequenceAdapter under the sequence
+// protocol, with the same constructor options.
+//
+// The llama.cpp-shaped classes keep the GIL: a call takes microseconds, and one object's
+// state must not be touched by two threads at once. The NgramModTable they may share is
+// safe without it (relaxed atomic slots, ngram_mod.hpp).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "ngramcache/ngram_map.hpp"
+#include "ngramcache/ngram_mod.hpp"
+#include "ngramcache/ngram_simple.hpp"
+#include "ngramcache/sequence_adapter.hpp"
+#include "sequence_drafter.hpp"
+
+namespace ngramcache_bind {
+
+using namespace ngramcache;
+
+namespace {
+
+// D as `name` and SequenceAdapter<D> as `sequence_name`, both made from Args (`options`
+// names them); returns D's class for what it has beyond the shared calls.
+template <class D, class... Args, class... Options>
+py::class_<D> bind_llama_shaped(py::module_& m, const char* name, const char* doc, const char* sequence_name,
+                                const char* sequence_doc, const Options&... options) {
+    py::class_<D> c(m, name, doc);
+    c.def(py::init<Args...>(), options...)
+        .def(
+            "sync", [](D& d, const Tokens& t) { d.sync(t.data(), len(t)); }, "prompt"_a,
+            "The history becomes the prompt (one comparison with the copy, then the new tail).")
+        .def(
+            "extend", [](D& d, const Tokens& t, size_t start) { return extend_history(d, t.data(), len(t), start); },
+            "tokens"_a, "start"_a,
+            "Append tokens[len(history)-start:] if tokens[:len(history)-start] repeat the history's "
+            "tail from `start`; False (nothing changed) otherwise.")
+        .def(
+            "begin", [](D& d) { d.begin(); }, "llama.cpp's begin() with the history as the prompt.")
+        .def(
+            "draft",
+            [](D& d, token_t id_last) {
+                std::vector<token_t> out;
+                d.draft(id_last, out);
+                return as_array(out);
+            },
+            "id_last"_a, "llama.cpp's draft() with the history as the prompt.")
+        .def(
+            "accept", [](D& d, size_t n) { d.accept(n); }, "n_accepted"_a)
+        .def_property_readonly("n_tokens", [](const D& d) { return d.history().size(); });
+    bind_sequence_drafter<SequenceAdapter<D>>(m, sequence_name, sequence_doc, py::init<Args...>(), options...);
+    return c;
+}
+
+void register_mod_table(py::module_& m) {
+    py::class_<NgramModTable, std::shared_ptr<NgramModTable>>(m, "NgramModTable",
+                                                              "ngram-mod's hash table, shareable by drafters and threads.")
+        .def(py::init<size_t>(), "size"_a = NgramModTable::kDefaultSize)
+        .def("entries",
+             [](const NgramModTable& t) {
+                 py::array_t<int32_t> out(static_cast<py::ssize_t>(t.size()));
+                 int32_t* p = out.mutable_data();
+                 nogil([&] { t.export_entries(p); });
+                 return out;
+             })
+        .def(
+            "set_entries",
+            [](NgramModTable& t, const Tokens& a) {
+                if (len(a) != t.size())
+                    throw InputError("expected " + std::to_string(t.size()) + " slots, got " + std::to_string(len(a)));
+                nogil([&] { t.import_entries(a.data()); });
+            },
+            "entries"_a)
+        .def_property_readonly("size", &NgramModTable::size)
+        .def_property_readonly("nbytes", &NgramModTable::nbytes)
+        .def_property_readonly("used", &NgramModTable::used)
+        .def_property_readonly("resets", &NgramModTable::resets)
+        .def(
+            "get", [](const NgramModTable& t, const Tokens& ngram) { return t.get(ngram.data(), len(ngram)); },
+            "ngram"_a)
+        .def("reset", &NgramModTable::reset, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace
+
+void register_llama_drafters(py::module_& m) {
+    register_mod_table(m);
+    bind_llama_shaped<NgramSimple, size_t, size_t>(m, "NgramSimple", "llama.cpp's ngram-simple drafter.",
+                                                   "NgramSimpleSequence", "ngram-simple over the sequence protocol.",
+                                                   "size_n"_a = 12, "size_m"_a = 48);
+    bind_llama_shaped<NgramMap, size_t, size_t, size_t, bool>(
+        m, "NgramMap", "llama.cpp's ngram-map-k (k4v=False) and ngram-map-k4v drafters.", "NgramMapSequence",
+        "ngram-map-k/k4v over the sequence protocol.", "size_n"_a = 12, "size_m"_a = 48, "min_hits"_a = 1,
+        "k4v"_a = false)
+        .def_property_readonly("n_keys", [](const NgramMap& d) { return d.keys().size(); });
+    bind_llama_shaped<NgramMod, std::shared_ptr<NgramModTable>, size_t, size_t, size_t>(
+        m, "NgramMod", "llama.cpp's ngram-mod drafter.", "NgramModSequence", "ngram-mod over the sequence protocol.",
+        "table"_a.none(true), "n_match"_a = 24, "n_min"_a = 48, "n_max"_a = 64)
+        .def_property_readonly("table", [](const NgramMod& d) { return d.table(); })
+        .def_property_readonly("n_low", &NgramMod::n_low)
+        .def_property_readonly("i_last", &NgramMod::i_last);
+}
+
+}  // namespace ngramcache_bind
