@@ -41,7 +41,7 @@ F, T = False, True
 # (piece, from_draft) as the server streams them: one piece per run of tokens, a token's
 # leading space with it, Markdown markup inside drafted pieces
 ANSWER = [("## Plan", F), ("\n\n", F), ("Here", F), (" is", F), (" a", T), (" **", T), ("fast", T), ("**", F),
-          (" function", T), (" with", F), (" `add`", F), (" and", F), (" *one*", F), (" [link](https://example.org/a)", F),
+          (" function", T), (" with", F), (" `add`", F), (" and", F), (" *one*", F), (" __init__", F), (" [link](https://example.org/a)", F),
           (" and", F), (" [bad](javascript:alert(1))", F), (":\n\n", F), ("```", F), ("python", F), ("\n", F),
           ("def", F), (" add", T), ("(a", T), (", b", T), ("):\n", F), ("    return", T), (" a", T), (" +", F),
           (" b", F), ("\n```", F), ("\n\n", F), ("-", F), (" one", T), ("\n", F), ("- two", F), ("\n\n", F),
@@ -191,6 +191,7 @@ def test_markdown_is_rendered(browser, fake):
     assert [pd.text_of(h) for h in pd.find_all(answer, "h2")] == ["Plan"]
     assert [pd.text_of(e) for e in pd.find_all(answer, "p strong")] == ["fast"]
     assert [pd.text_of(e) for e in pd.find_all(answer, "p em")] == ["one"]
+    assert " __init__ " in pd.text_of(pd.find(answer, "p"))  # a Python name, not bold "init"
     assert [pd.text_of(e) for e in pd.find_all(answer, "p > code")] == ["add"]
     links = pd.find_all(answer, "a")
     assert [(pd.text_of(a), a.get_attribute("href")) for a in links] == [("link", "https://example.org/a")]
@@ -204,6 +205,36 @@ def test_markdown_is_rendered(browser, fake):
     # prose in a proportional font, code in a monospace one
     fonts = [pd.js(browser, "getComputedStyle(arguments[0]).fontFamily", pd.find(answer, css)) for css in ("p", "pre code")]
     assert "mono" not in fonts[0].lower() and "mono" in fonts[1].lower()
+
+
+CODE_BAR = '<div class="code-bar"><span class="lang">{}</span><button class="copy" type="button">copy</button></div>'
+
+
+@pytest.mark.parametrize("markdown, html", [
+    ("a snake_case name, 2 * 3 * 4, ***both***, ~~gone~~, \\*kept\\*, **open",
+     "<p>a snake_case name, 2 * 3 * 4, <strong><em>both</em></strong>, <del>gone</del>, *kept*, **open</p>"),
+    ("# Title #\n#tag\nline\n---", "<h1>Title</h1><p>#tag\nline</p><hr>"),
+    ("3. three\n4. four\n\n- a\n  - nested\n- b",
+     '<ol start="3"><li><p>three</p></li><li><p>four</p></li></ol>'
+     "<ul><li><p>a</p><ul><li><p>nested</p></li></ul></li><li><p>b</p></li></ul>"),
+    ("1. Run:\n   ```sh\n   ls\n   ```\n2. Next",
+     f"<ol><li><p>Run:</p><div class=\"code\">{CODE_BAR.format('sh')}<pre><code>ls</code></pre></div></li>"
+     "<li><p>Next</p></li></ol>"),
+    ("> quoted **b**\n\nafter", "<blockquote><p>quoted <strong>b</strong></p></blockquote><p>after</p>"),
+    ("| a | `x|y` |\n|:--|--:|\n| 1 |", '<div class="table"><table><thead><tr><th style="text-align: left;">a</th>'
+     '<th style="text-align: right;"><code>x|y</code></th></tr></thead><tbody><tr><td style="text-align: left;">1</td>'
+     '<td style="text-align: right;"></td></tr></tbody></table></div>'),
+    ("~~~\n``` inside\n~~~", f"<div class=\"code\">{CODE_BAR.format('code')}<pre><code>``` inside</code></pre></div>"),
+    ("``a ` b`` and `open", "<p><code>a ` b</code> and `open</p>"),
+    ("[t](mailto:a@b.c) ![pic](x.png) [j](JavaScript:alert(1))",
+     '<p><a href="mailto:a@b.c" title="mailto:a@b.c" target="_blank" rel="noopener noreferrer">t</a> '
+     "<span>pic</span> <span>j</span></p>"),
+])
+def test_markdown_cases(browser, fake, markdown, html):
+    browser.get(fake + "/")
+    render = ("const box = document.createElement('div'); "
+              "renderMarkdown(box, arguments[0], new Uint8Array(arguments[0].length)); return box.innerHTML")
+    assert browser.execute_script(render, markdown) == html
 
 
 def test_markup_in_an_answer_is_text(browser, fake):
@@ -349,6 +380,10 @@ def test_favicon_and_a_clean_console(browser, fake):
     pd.open_page(browser, fake, "stand-in")
     assert pd.js(browser, "document.querySelector('link[rel=icon]').href").startswith("data:image/svg+xml;base64,")
     pd.say(browser, "write f")
+    n = pd.type_message(browser, "hold")
+    pd.wait(browser, lambda d: pd.find(pd.turns(d)[n], ".code"), 30)
+    pd.find(browser, "#stop").click()  # an aborted stream is no error either
+    pd.wait(browser, lambda d: pd.js(d, "busy === null"))
     time.sleep(1)  # the favicon is asked for after the page has loaded
     assert pd.console_errors(browser) == []
 

@@ -33,8 +33,11 @@ def server():
         default_model_path("smollm2")
     except FileNotFoundError as e:
         pytest.skip(str(e))
+    # --fixed-draft: no measuring of verification costs at start (minutes on a busy machine);
+    # the page shows whatever draft lengths the server picks
     proc = subprocess.Popen([sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "--port", "0",
-                             "--no-memory"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "--no-memory", "--fixed-draft"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
     lines: list[str] = []
     ready = threading.Event()
     found: list[str] = []
