@@ -482,3 +482,15 @@ def test_tiled_switch_is_read_as_ggml_reads_it():
 def test_check_exact_needs_a_llama():
     with pytest.raises(TypeError, match="llm must be a llama_cpp.Llama, got object"):
         exactness.check_exact(object())
+
+
+@pytest.mark.model
+def test_flash_attention_is_said_to_break_exactness(exact_llm):
+    with pytest.warns(exactness.ExactnessWarning, match="flash_attn=False"):
+        llm = nl.make_llama(exact_llm.path, n_ctx=256, flash_attn=True)
+    try:
+        status = exactness.exactness_status(llm, path=os.devnull)
+        assert status["exact"] is False and status["causes"] == [
+            "flash attention is on (create the Llama with flash_attn=False)"]
+    finally:
+        llm.close()

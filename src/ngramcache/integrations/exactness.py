@@ -33,8 +33,8 @@ from importlib import resources
 import numpy as np
 
 __all__ = ["ExactnessReport", "ExactnessWarning", "check_exact", "measure_exactness", "exactness_status",
-           "exact_kernels", "no_weight_repacking", "weight_repacking", "known_causes", "build_info",
-           "exactness_store_path", "TILED_MM_ENV"]
+           "exact_kernels", "no_weight_repacking", "weight_repacking", "warn_flash_attention", "known_causes",
+           "build_info", "exactness_store_path", "TILED_MM_ENV"]
 
 #: ggml's switch for its tiled K-quant matrix product (a batch of >= 8 rows takes another
 #: summation order than a single row)
@@ -104,6 +104,15 @@ def exact_kernels() -> str:
             f"Set {TILED_MM_ENV}=0 in the environment before starting Python, or create models with "
             "ngramcache.llama.make_llama first", ExactnessWarning, stacklevel=2)
     return _tiled_state
+
+
+def warn_flash_attention() -> None:
+    """Say that flash attention makes batched logits differ from single-token ones: ggml's
+    flash-attention node gives a token other values in a batch than alone (measured on both
+    packaged models, docs/exactness.md)."""
+    warnings.warn("flash attention is on: ggml's flash-attention kernel gives a token other values in a batch than "
+                  "alone, so drafting can change greedy output after a near tie; create the Llama with "
+                  "flash_attn=False for exact output", ExactnessWarning, stacklevel=3)
 
 
 @contextlib.contextmanager

@@ -113,6 +113,8 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
 
     if exact:
         exactness.exact_kernels()
+        if kwargs.get("flash_attn"):
+            exactness.warn_flash_attention()
     # llama.cpp prints a few lines while loading even with verbose=False
     with suppress_stdout_stderr(disable=verbose), \
             exactness.no_weight_repacking() if exact else contextlib.nullcontext():
