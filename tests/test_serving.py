@@ -108,6 +108,19 @@ def test_engine_answers_what_the_model_alone_would(spec):
         assert engine.close(timeout=30)
 
 
+def test_with_costs_the_drafter_is_gated_and_the_answer_unchanged():
+    engine = _engine()
+    engine.costs = [1.0, 1.1, 1.2]  # what adaptive=True measures; longer drafts go on linearly
+    try:
+        d = engine.make_drafter("copy", 8)
+        assert d.gate is not None and len(d.gate.costs) == 9
+        assert np.allclose(d.gate.costs[:4], [1.0, 1.1, 1.2, 1.3])
+        r = engine.run(Job(prompt=np.array(PROMPT, dtype=np.int32), max_tokens=40), timeout=60)
+        assert r.tokens.tolist() == reference(PROMPT, 40)
+    finally:
+        engine.close(timeout=30)
+
+
 @pytest.mark.parametrize("spec,param", [
     ({"drafter": "nope"}, "speculative.drafter"),
     ({"n_draft": 1000}, "speculative.n_draft"),
