@@ -426,3 +426,15 @@ def test_stop_filter(stops, pieces, expected, stopped):
     out = "".join(f.feed(p) for p in pieces) + f.flush()
     assert out == expected and f.stopped == stopped
     assert "".join(f.text) == expected
+
+
+def test_acceptance_is_null_when_nothing_was_drafted():
+    from ngramcache.serving.jobs import JobResult
+
+    def result(drafted: int, accepted: int) -> dict:
+        return JobResult(text="", tokens=np.zeros(3, dtype=np.int32), n_prompt=4, n_cached=0, finish_reason="stop",
+                         drafter=None, drafted=drafted, accepted=accepted, t_prompt=0.1, t_draft=0.0,
+                         t_verify=0.0, t_total=0.2, t_queue=0.0).figures()
+
+    assert result(0, 0)["acceptance"] is None
+    assert result(8, 6)["acceptance"] == 0.75

@@ -45,7 +45,9 @@ class JobResult:
         gen = self.t_total - self.t_prompt
         return {
             "drafter": self.drafter, "drafted": self.drafted, "accepted": self.accepted,
-            "acceptance": round(self.acceptance, 4), "prompt_tokens_cached": self.n_cached,
+            # null, not 0.0, when nothing was drafted: a rate of nothing is no rate
+            "acceptance": round(self.acceptance, 4) if self.drafted else None,
+            "prompt_tokens_cached": self.n_cached,
             "t_queue": round(self.t_queue, 6), "t_prompt": round(self.t_prompt, 6),
             "t_draft": round(self.t_draft, 6), "t_verify": round(self.t_verify, 6),
             "t_total": round(self.t_total, 6),
