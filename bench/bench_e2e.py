@@ -51,6 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 import ngramcache as nc  # noqa: E402
+from speed_table import speed_rows  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
 from ngramcache.drafters.catalog import make_drafter  # noqa: E402
@@ -204,20 +205,7 @@ def markdown(all_results: dict, key: str, variants=VARIANTS) -> str:
     for model, res in all_results.items():
         lines.append(f"\n**{model}** ({res['model']}), {'generation only' if key == 'gen_tok_s' else 'end to end (prompt included)'}:"
                      f" tok/s, speedup over plain, share of the oracle's tok/s\n")
-        lines.append("| workload | prompt tok | " + " | ".join(variants) + " |")
-        lines.append("|---|---:|" + "---:|" * len(variants))
-        for task, tr in res["tasks"].items():
-            v = tr["variants"]
-            base = v["plain"][key]
-            orc = v["oracle"][key]
-            cells = []
-            for name in variants:
-                x = v[name][key]
-                cell = f"{x:.1f}" if name == "plain" else f"{x:.1f} ({x / base:.2f}x, {100 * x / orc:.0f}%)"
-                if not v[name]["identical"]:
-                    cell += f" ≠@{v[name]['first_divergence']}"
-                cells.append(cell)
-            lines.append(f"| {task} | {tr['n_prompt']} | " + " | ".join(cells) + " |")
+        lines.extend(speed_rows(res, variants, key))
         acc = []
         for task, tr in res["tasks"].items():
             v = tr["variants"]

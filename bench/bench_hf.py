@@ -45,6 +45,7 @@ import transformers  # noqa: E402
 from transformers.generation import candidate_generator as hf_cg  # noqa: E402
 
 import ngramcache as nc  # noqa: E402
+from speed_table import speed_rows  # noqa: E402
 from ngramcache import data, hf  # noqa: E402
 
 VARIANTS = ("plain", "hf-pld-10", "ngc", "ngc-fixed10", "suffix", "lookup", "pld", "simple", "map-k", "mod", "oracle")
@@ -193,19 +194,7 @@ def markdown(all_results: dict, key: str, variants) -> str:
     for model, res in all_results.items():
         what = "generated tokens (prompt pass subtracted)" if key == "gen_tok_s" else "end to end (prompt included)"
         lines.append(f"\n**{model}** ({res['model']}, float32), {what}: tok/s and speedup over plain\n")
-        lines.append("| workload | prompt tok | " + " | ".join(variants) + " |")
-        lines.append("|---|---:|" + "---:|" * len(variants))
-        for task, tr in res["tasks"].items():
-            v = tr["variants"]
-            base = v["plain"][key]
-            cells = []
-            for name in variants:
-                x = v[name][key]
-                cell = f"{x:.1f}" if name == "plain" else f"{x:.1f} ({x / base:.2f}x)"
-                if not v[name]["identical"]:
-                    cell += f" ≠@{v[name]['first_divergence']}"
-                cells.append(cell)
-            lines.append(f"| {task} | {tr['n_prompt']} | " + " | ".join(cells) + " |")
+        lines.extend(speed_rows(res, variants, key))
         if key == "gen_tok_s":
             lines.append("\nngramcache's default (ngc) against transformers' prompt lookup: " + ", ".join(
                 f"{t} {tr['variants']['ngc'][key] / tr['variants']['hf-pld-10'][key]:.2f}x"

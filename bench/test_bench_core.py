@@ -16,6 +16,7 @@ import pytest
 
 import ngramcache as nc
 import reference as ref
+from bench_core import update_loop as ngramcache_update_per_token
 from pairs import BASELINE_ROUNDS, NGRAMCACHE_ROUNDS, baseline_side, ngramcache_side
 
 N_DRAFT = 8  # llama.cpp's lookup default
@@ -46,14 +47,6 @@ def reference_update(tokens: list[int]) -> dict:
     model: dict = {}
     ref.update(model, tokens, 1, 4)
     return model
-
-
-def ngramcache_update_per_token(tokens: np.ndarray) -> nc.NgramCache:
-    cache = nc.NgramCache()
-    update = cache.update
-    for end in range(2, tokens.size + 1):
-        update(tokens[:end], 1, 4, 1)
-    return cache
 
 
 def reference_update_per_token(tokens: list[int]) -> dict:

@@ -22,16 +22,22 @@ from typing import IO
 __all__ = ["Progress", "peak_rss_bytes", "fmt_bytes", "fmt_count", "fmt_seconds"]
 
 
+def _with_prefix(n: float, base: float, prefixes: tuple[str, ...], fmt) -> str:
+    """n divided by base until it is below base, formatted by fmt(value, prefix)."""
+    for prefix in prefixes[:-1]:
+        n /= base
+        if abs(n) < base:
+            return fmt(n, prefix)
+    return fmt(n / base, prefixes[-1])
+
+
 def fmt_count(n: float) -> str:
     """1234567 -> '1.23M' (decimal prefixes; plain integers below 10,000)."""
     n = float(n)
     if abs(n) < 10_000:
         return f"{n:.0f}"
-    for prefix in ("k", "M", "G", "T"):
-        n /= 1000.0
-        if abs(n) < 1000:
-            return f"{n:.3g}{prefix}" if abs(n) < 100 else f"{n:.0f}{prefix}"
-    return f"{n:.0f}P"
+    return _with_prefix(n, 1000.0, ("k", "M", "G", "T", "P"),
+                        lambda v, p: f"{v:.3g}{p}" if abs(v) < 100 else f"{v:.0f}{p}")
 
 
 def fmt_bytes(n: float) -> str:
@@ -39,11 +45,7 @@ def fmt_bytes(n: float) -> str:
     n = float(n)
     if abs(n) < 1024:
         return f"{n:.0f} B"
-    for prefix in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024.0
-        if abs(n) < 1024:
-            return f"{n:.1f} {prefix}"
-    return f"{n:.1f} PiB"
+    return _with_prefix(n, 1024.0, ("KiB", "MiB", "GiB", "TiB", "PiB"), lambda v, p: f"{v:.1f} {p}")
 
 
 def fmt_seconds(s: float) -> str:

@@ -1,0 +1,28 @@
+"""The speed table the end-to-end benchmarks print: a row per workload, a column per variant,
+tok/s with the speedup over plain (and the share of the oracle's tok/s where there is one),
+and where a variant's text differed from plain, the first position that differed."""
+
+from __future__ import annotations
+
+
+def speed_rows(res: dict, variants, key: str) -> list[str]:
+    """Markdown header and rows for one model's results under ``key`` (e.g. ``gen_tok_s``)."""
+    lines = ["| workload | prompt tok | " + " | ".join(variants) + " |", "|---|---:|" + "---:|" * len(variants)]
+    for task, tr in res["tasks"].items():
+        v = tr["variants"]
+        base = v["plain"][key]
+        oracle = v["oracle"][key] if "oracle" in v else None
+        cells = []
+        for name in variants:
+            x = v[name][key]
+            if name == "plain":
+                cell = f"{x:.1f}"
+            elif oracle is None:
+                cell = f"{x:.1f} ({x / base:.2f}x)"
+            else:
+                cell = f"{x:.1f} ({x / base:.2f}x, {100 * x / oracle:.0f}%)"
+            if not v[name]["identical"]:
+                cell += f" ≠@{v[name]['first_divergence']}"
+            cells.append(cell)
+        lines.append(f"| {task} | {tr['n_prompt']} | " + " | ".join(cells) + " |")
+    return lines
