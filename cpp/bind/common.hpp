@@ -8,8 +8,13 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pybind11/typing.h>
 
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "ngramcache/ngram.hpp"
@@ -23,6 +28,37 @@ using namespace py::literals;
 using ngramcache::token_t;
 
 using Tokens = py::array_t<int32_t, py::array::c_style>;
+
+// Types that only shape the signatures pybind11 writes, from which the stub _core.pyi is
+// generated: `T | None` where None is accepted, the items of dicts, lists and tuples.
+namespace pyt = py::typing;
+
+// An object argument that may be None (which arrives as nullptr).
+template <class T>
+using Maybe = std::optional<std::reference_wrapper<T>>;
+template <class T>
+T* pointer(const Maybe<T>& m) {
+    return m ? &m->get() : nullptr;
+}
+
+// A shared object argument (a table, a store) that may be None.
+template <class T>
+using MaybeShared = std::optional<std::shared_ptr<T>>;
+
+// A constructor argument as the core takes it: a MaybeShared as its shared_ptr, the rest as given.
+template <class T>
+T&& as_given(T&& v) {
+    return std::forward<T>(v);
+}
+template <class T>
+std::shared_ptr<T> as_given(MaybeShared<T>&& v) {
+    return v ? std::move(*v) : nullptr;
+}
+
+// `static`: None, a cache or a table (static_source checks which).
+using StaticArg = pyt::Optional<pyt::Union<ngramcache::SharedCache, ngramcache::StaticTable>>;
+// `progress`: None or progress(done, total).
+using Progress = pyt::Optional<pyt::Callable<void(int64_t, int64_t)>>;
 
 inline size_t len(const Tokens& a) { return static_cast<size_t>(a.size()); }
 
@@ -64,8 +100,8 @@ inline ngramcache::SharedCache* new_cache(ngramcache::NgramCache& fresh) {
     return s;
 }
 
-// `static` as the core sees it: None, a _core.NgramCache or a _core.StaticTable.
-ngramcache::StaticSource static_source(const py::object& obj);
+// `static` as the core sees it (a TypeError for anything but None, a cache or a table).
+ngramcache::StaticSource static_source(const StaticArg& obj);
 
 // Runs f(progress callback) without the GIL. The callback takes the GIL back to call
 // `progress` (None: no call) and to let Ctrl-C stop the run; an exception either raises
@@ -90,6 +126,24 @@ auto with_progress(const py::object& progress, F&& f) {
     } catch (const PythonErrorPending&) {
         throw py::error_already_set();
     }
+}
+
+// The counters every replay result has (replay()'s and replay_drafter()'s), read-only.
+template <class R>
+void def_replay_counts(py::class_<R>& c) {
+    c.def_readonly("n_input", &R::n_input)
+        .def_readonly("n_ctx", &R::n_ctx)
+        .def_readonly("n_draft", &R::n_draft)
+        .def_readonly("n_chunks", &R::n_chunks)
+        .def_readonly("n_steps", &R::n_steps)
+        .def_readonly("n_drafted", &R::n_drafted)
+        .def_readonly("n_accept", &R::n_accept)
+        .def_readonly("t_draft_ns", &R::t_draft_ns)
+        .def_readonly("t_replay_ns", &R::t_replay_ns)
+        .def_readonly("draft_length_hist", &R::draft_length_hist)
+        .def_readonly("accept_length_hist", &R::accept_length_hist)
+        .def_readonly("drafted_by_position", &R::drafted_by_position)
+        .def_readonly("accepted_by_position", &R::accepted_by_position);
 }
 
 // One per file of the binding, called in this order (a class is registered before the

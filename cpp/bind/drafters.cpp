@@ -18,21 +18,8 @@ using namespace ngramcache;
 namespace {
 
 void register_drafter_replay_result(py::module_& m) {
-    using R = DrafterReplayResult;
-    py::class_<R>(m, "DrafterReplayResult", "What replay_drafter() counted.")
-        .def_readonly("n_input", &R::n_input)
-        .def_readonly("n_ctx", &R::n_ctx)
-        .def_readonly("n_draft", &R::n_draft)
-        .def_readonly("n_chunks", &R::n_chunks)
-        .def_readonly("n_steps", &R::n_steps)
-        .def_readonly("n_drafted", &R::n_drafted)
-        .def_readonly("n_accept", &R::n_accept)
-        .def_readonly("t_draft_ns", &R::t_draft_ns)
-        .def_readonly("t_replay_ns", &R::t_replay_ns)
-        .def_readonly("draft_length_hist", &R::draft_length_hist)
-        .def_readonly("accept_length_hist", &R::accept_length_hist)
-        .def_readonly("drafted_by_position", &R::drafted_by_position)
-        .def_readonly("accepted_by_position", &R::accepted_by_position);
+    py::class_<DrafterReplayResult> r(m, "DrafterReplayResult", "What replay_drafter() counted.");
+    def_replay_counts(r);
 }
 
 // The lookup caches (context, dynamic, static) are held through pointers, so each Python
@@ -40,16 +27,18 @@ void register_drafter_replay_result(py::module_& m) {
 template <class D>
 void def_set_dynamic(py::class_<Exclusive<D>>& c) {
     c.def(
-        "set_dynamic", [](Exclusive<D>& e, const SharedCache* dynamic) { e.use().set_dynamic(dynamic); },
+        "set_dynamic",
+        [](Exclusive<D>& e, const Maybe<const SharedCache>& dynamic) { e.use().set_dynamic(pointer(dynamic)); },
         "dynamic"_a.none(true), py::keep_alive<1, 2>());
 }
 
 void register_lookup_drafters(py::module_& m) {
     auto lookup = bind_sequence_drafter<LookupDrafter>(
         m, "LookupDrafter", "llama.cpp's lookup: the context cache, then dynamic, then static.",
-        py::init([](SharedCache* context, const SharedCache* dynamic, const py::object& static_obj, int ngram_min,
-                    int ngram_max) {
-            return new Exclusive<LookupDrafter>(ngram_min, ngram_max, dynamic, static_source(static_obj), context);
+        py::init([](const Maybe<SharedCache>& context, const Maybe<const SharedCache>& dynamic,
+                    const StaticArg& static_obj, int ngram_min, int ngram_max) {
+            return new Exclusive<LookupDrafter>(ngram_min, ngram_max, pointer(dynamic), static_source(static_obj),
+                                                pointer(context));
         }),
         "context"_a.none(true), "dynamic"_a.none(true), "static"_a.none(true), "ngram_min"_a = 1, "ngram_max"_a = 4,
         py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::keep_alive<1, 4>());
@@ -58,15 +47,16 @@ void register_lookup_drafters(py::module_& m) {
     using Copy = Exclusive<CopyDrafter>;
     auto copy = bind_sequence_drafter<CopyDrafter>(
         m, "CopyDrafter", "Copies of earlier spans of the sequence, else llama.cpp's lookup.",
-        py::init([](SharedCache* context, const SharedCache* dynamic, const py::object& static_obj, int ngram_min,
-                    int ngram_max, size_t min_match, size_t max_match, size_t max_candidates) {
+        py::init([](const Maybe<SharedCache>& context, const Maybe<const SharedCache>& dynamic,
+                    const StaticArg& static_obj, int ngram_min, int ngram_max, size_t min_match, size_t max_match,
+                    size_t max_candidates) {
             CopyOptions o;
             o.ngram_min = ngram_min;
             o.ngram_max = ngram_max;
             o.min_match = min_match;
             o.max_match = max_match;
             o.max_candidates = max_candidates;
-            return new Copy(o, dynamic, static_source(static_obj), context);
+            return new Copy(o, pointer(dynamic), static_source(static_obj), pointer(context));
         }),
         "context"_a.none(true), "dynamic"_a.none(true), "static"_a.none(true), "ngram_min"_a = 1, "ngram_max"_a = 4,
         "min_match"_a = 2, "max_match"_a = 32, "max_candidates"_a = 8,
@@ -78,7 +68,7 @@ void register_lookup_drafters(py::module_& m) {
         .def(
             "index",
             [](Copy& e) {
-                py::dict out;
+                pyt::Dict<pyt::Tuple<py::int_, py::ellipsis>, pyt::List<py::int_>> out;
                 for (const CopyDrafter::IndexedGram& g : e.use().indexed_grams())
                     out[py::tuple(py::cast(g.gram))] = py::cast(g.positions);
                 return out;
@@ -102,7 +92,7 @@ void register_suffix(py::module_& m) {
         .def("requests",
              [](const SuffixStore& s) {
                  const auto reqs = nogil([&] { return s.requests(); });
-                 py::list out;
+                 pyt::List<py::array_t<int32_t>> out;
                  for (const auto& r : reqs) out.append(as_array(r));
                  return out;
              })
@@ -116,7 +106,10 @@ void register_suffix(py::module_& m) {
     using Suffix = Exclusive<SuffixDrafter>;
     bind_sequence_drafter<SuffixDrafter>(m, "SuffixDrafter",
                                          "Most frequent continuation of the longest suffix match (SuffixDecoding).",
-                                         py::init<size_t, double, double, std::shared_ptr<SuffixStore>>(),
+                                         py::init([](size_t max_depth, double alpha, double min_prob,
+                                                     MaybeShared<SuffixStore> store) {
+                                             return new Suffix(max_depth, alpha, min_prob, as_given(std::move(store)));
+                                         }),
                                          "max_depth"_a, "alpha"_a, "min_prob"_a, "store"_a.none(true))
         .def("finish", [](Suffix& e) { e.use().finish(); })
         .def_property_readonly("n_nodes", [](Suffix& e) { return e.use().n_nodes(); })

@@ -29,7 +29,7 @@ template <class D, class... Args, class... Options>
 py::class_<D> bind_llama_shaped(py::module_& m, const char* name, const char* doc, const char* sequence_name,
                                 const char* sequence_doc, const Options&... options) {
     py::class_<D> c(m, name, doc);
-    c.def(py::init<Args...>(), options...)
+    c.def(py::init([](Args... a) { return new D(as_given(std::move(a))...); }), options...)
         .def(
             "sync", [](D& d, const Tokens& t) { d.sync(t.data(), len(t)); }, "prompt"_a,
             "The history becomes the prompt (one comparison with the copy, then the new tail).")
@@ -51,7 +51,10 @@ py::class_<D> bind_llama_shaped(py::module_& m, const char* name, const char* do
         .def(
             "accept", [](D& d, size_t n) { d.accept(n); }, "n_accepted"_a)
         .def_property_readonly("n_tokens", [](const D& d) { return d.history().size(); });
-    bind_sequence_drafter<SequenceAdapter<D>>(m, sequence_name, sequence_doc, py::init<Args...>(), options...);
+    using Sequence = Exclusive<SequenceAdapter<D>>;
+    bind_sequence_drafter<SequenceAdapter<D>>(
+        m, sequence_name, sequence_doc, py::init([](Args... a) { return new Sequence(as_given(std::move(a))...); }),
+        options...);
     return c;
 }
 
@@ -96,7 +99,7 @@ void register_llama_drafters(py::module_& m) {
         "ngram-map-k/k4v over the sequence protocol.", "size_n"_a = 12, "size_m"_a = 48, "min_hits"_a = 1,
         "k4v"_a = false)
         .def_property_readonly("n_keys", [](const NgramMap& d) { return d.keys().size(); });
-    bind_llama_shaped<NgramMod, std::shared_ptr<NgramModTable>, size_t, size_t, size_t>(
+    bind_llama_shaped<NgramMod, MaybeShared<NgramModTable>, size_t, size_t, size_t>(
         m, "NgramMod", "llama.cpp's ngram-mod drafter.", "NgramModSequence", "ngram-mod over the sequence protocol.",
         "table"_a.none(true), "n_match"_a = 24, "n_min"_a = 48, "n_max"_a = 64)
         .def_property_readonly("table", [](const NgramMod& d) { return d.table(); })

@@ -31,9 +31,9 @@ void register_atomic_file(py::module_& m) {
         .def("abort", &AtomicFile::abort);
 }
 
-ReplayResult replay_py(const Tokens& tokens, size_t n_ctx, size_t n_draft, const py::object& static_obj,
-                       SharedCache* dynamic, bool update_dynamic, const py::object& progress, bool llama_oob,
-                       const std::optional<Tokens>& oob_reads) {
+ReplayResult replay_py(const Tokens& tokens, size_t n_ctx, size_t n_draft, const StaticArg& static_obj,
+                       const Maybe<SharedCache>& dynamic, bool update_dynamic, const Progress& progress,
+                       bool llama_oob, const std::optional<Tokens>& oob_reads) {
     ReplayOptions opt;
     opt.n_ctx = n_ctx;
     opt.n_draft = n_draft;
@@ -45,22 +45,14 @@ ReplayResult replay_py(const Tokens& tokens, size_t n_ctx, size_t n_draft, const
     }
     const StaticSource st = static_source(static_obj);
     return with_progress(progress, [&](const ReplayProgress& cb) {
-        return replay_shared(tokens.data(), len(tokens), opt, st, dynamic, update_dynamic, cb);
+        return replay_shared(tokens.data(), len(tokens), opt, st, pointer(dynamic), update_dynamic, cb);
     });
 }
 
 void register_replay(py::module_& m) {
     py::class_<ReplayResult> r(m, "ReplayResult", "What replay() counted (see ngramcache.ReplayStats).");
-    r.def_readonly("n_input", &ReplayResult::n_input).def_readonly("n_ctx", &ReplayResult::n_ctx)
-        .def_readonly("n_draft", &ReplayResult::n_draft).def_readonly("n_chunks", &ReplayResult::n_chunks)
-        .def_readonly("n_steps", &ReplayResult::n_steps).def_readonly("n_drafted", &ReplayResult::n_drafted)
-        .def_readonly("n_accept", &ReplayResult::n_accept).def_readonly("t_draft_ns", &ReplayResult::t_draft_ns)
-        .def_readonly("t_replay_ns", &ReplayResult::t_replay_ns)
-        .def_readonly("draft_length_hist", &ReplayResult::draft_length_hist)
-        .def_readonly("accept_length_hist", &ReplayResult::accept_length_hist)
-        .def_readonly("drafted_by_position", &ReplayResult::drafted_by_position)
-        .def_readonly("accepted_by_position", &ReplayResult::accepted_by_position)
-        .def_readonly("overlap_positions", &ReplayResult::overlap_positions)
+    def_replay_counts(r);
+    r.def_readonly("overlap_positions", &ReplayResult::overlap_positions)
         .def_readonly("overlap_text", &ReplayResult::overlap_text)
         .def_readonly("overlap_static", &ReplayResult::overlap_static)
         .def_readonly("overlap_dynamic", &ReplayResult::overlap_dynamic)

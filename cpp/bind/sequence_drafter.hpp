@@ -55,7 +55,7 @@ py::class_<ngramcache::Exclusive<D>> bind_sequence_drafter(py::module_& m, const
             "The last proposal's confidence (a match length), for the adaptive gate.");
     m.def(
         "replay_drafter",
-        [](E& e, const Tokens& tokens, size_t n_ctx, size_t n_draft, const py::object& progress) {
+        [](E& e, const Tokens& tokens, size_t n_ctx, size_t n_draft, const Progress& progress) {
             Claim d(e);
             ngramcache::ReplayOptions opt;
             opt.n_ctx = n_ctx;

@@ -32,6 +32,19 @@ inline Tokens random_stream(std::mt19937& rng, size_t n, token_t vocab) {
     return t;
 }
 
+// One random phrase of `phrase_len` tokens repeated `repeats` times, each copy followed by
+// `noise_len` random tokens: text a drafter that copies or looks up should mostly draft.
+inline Tokens repeated_phrase(std::mt19937& rng, size_t phrase_len, int repeats, size_t noise_len, token_t vocab) {
+    Tokens text;
+    const Tokens phrase = random_stream(rng, phrase_len, vocab);
+    for (int i = 0; i < repeats; ++i) {
+        text.insert(text.end(), phrase.begin(), phrase.end());
+        const Tokens noise = random_stream(rng, noise_len, vocab);
+        text.insert(text.end(), noise.begin(), noise.end());
+    }
+    return text;
+}
+
 inline ngramcache::Ngram key_of(const Key& k) { return ngramcache::Ngram(k.data(), static_cast<int>(k.size())); }
 
 #ifndef __GLIBCXX__

@@ -217,13 +217,7 @@ TEST(the_index_lists_every_position_once) {
 
 TEST(replays_in_the_core) {
     std::mt19937 rng(5);
-    Tokens text;
-    const Tokens phrase = test::random_stream(rng, 40, 50);
-    for (int i = 0; i < 30; ++i) {
-        text.insert(text.end(), phrase.begin(), phrase.end());
-        const Tokens noise = test::random_stream(rng, 10, 50);
-        text.insert(text.end(), noise.begin(), noise.end());
-    }
+    const Tokens text = test::repeated_phrase(rng, 40, 30, 10, 50);
     CopyDrafter d;
     ReplayOptions opt;
     opt.n_ctx = 512;
