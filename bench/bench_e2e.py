@@ -51,7 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 import ngramcache as nc  # noqa: E402
-from speed_table import speed_rows  # noqa: E402
+from e2e_common import add_run_arguments, speed_rows  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
 from ngramcache.drafters.catalog import make_drafter  # noqa: E402
@@ -218,9 +218,7 @@ def markdown(all_results: dict, key: str, variants=VARIANTS) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="gemma,smollm2", help="comma list of gemma, smollm2, or GGUF paths")
-    ap.add_argument("--tokens", type=int, default=128, help="tokens generated per run (default 128)")
-    ap.add_argument("--repeats", type=int, default=3, help="rounds per workload (default 3)")
+    add_run_arguments(ap, "gemma,smollm2", "tokens generated per run")
     ap.add_argument("--n-draft", type=int, default=16, help="most tokens drafted per step by ngc (default 16)")
     ap.add_argument("--static-bytes", type=int, default=2_000_000, help="static corpus size (default 2 MB)")
     ap.add_argument("--workloads", default="all", help="comma list of workload names, or all")

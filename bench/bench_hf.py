@@ -45,7 +45,7 @@ import transformers  # noqa: E402
 from transformers.generation import candidate_generator as hf_cg  # noqa: E402
 
 import ngramcache as nc  # noqa: E402
-from speed_table import speed_rows  # noqa: E402
+from e2e_common import add_run_arguments, speed_rows  # noqa: E402
 from ngramcache import data, hf  # noqa: E402
 
 VARIANTS = ("plain", "hf-pld-10", "ngc", "ngc-fixed10", "suffix", "lookup", "pld", "simple", "map-k", "mod", "oracle")
@@ -215,9 +215,7 @@ def markdown(all_results: dict, key: str, variants) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="smollm2", help="comma list of smollm2, gemma, or GGUF paths")
-    ap.add_argument("--tokens", type=int, default=128, help="most tokens generated per run (default 128)")
-    ap.add_argument("--repeats", type=int, default=3, help="rounds per workload (default 3)")
+    add_run_arguments(ap, "smollm2", "most tokens generated per run")
     ap.add_argument("--workloads", default="all", help="comma list of workload names, or all")
     ap.add_argument("--variants", default="all", help="comma list (plain is always run), or all: " + ",".join(VARIANTS))
     ap.add_argument("--quick", action="store_true", help="smoke test: 16 tokens, 1 round, 2 workloads, 3 variants")

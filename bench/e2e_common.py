@@ -1,6 +1,7 @@
-"""The speed table the end-to-end benchmarks print: a row per workload, a column per variant,
-tok/s with the speedup over plain (and the share of the oracle's tok/s where there is one),
-and where a variant's text differed from plain, the first position that differed."""
+"""What the end-to-end benchmarks (bench_e2e.py, bench_hf.py) share: their run options, and the
+speed table they print (a row per workload, a column per variant, tok/s with the speedup over
+plain and the share of the oracle's tok/s where there is one, and where a variant's text
+differed from plain, the first position that differed)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,10 @@ def speed_rows(res: dict, variants, key: str) -> list[str]:
             cells.append(cell)
         lines.append(f"| {task} | {tr['n_prompt']} | " + " | ".join(cells) + " |")
     return lines
+
+
+def add_run_arguments(ap, models: str, tokens_help: str) -> None:
+    """The options every end-to-end benchmark takes: models, tokens, rounds, workloads."""
+    ap.add_argument("--models", default=models, help="comma list of gemma, smollm2, or GGUF paths")
+    ap.add_argument("--tokens", type=int, default=128, help=f"{tokens_help} (default 128)")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per workload (default 3)")
