@@ -65,8 +65,8 @@ class Server:
         for line in self.proc.stderr:
             self.log.append(line)
 
-    def client(self, **kw) -> "openai.OpenAI":
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=300, **kw)
+    def client(self, timeout: float = 300, **kw) -> "openai.OpenAI":
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=timeout, **kw)
 
     def get(self, path: str) -> str:
         with urllib.request.urlopen(self.url + path, timeout=30) as r:
@@ -294,7 +294,9 @@ def test_load_16_clients_8_requests_some_cancelled(server):
 
     def client(ci: int):
         nonlocal n_cancel
-        c = server.client()
+        # a request may wait behind the other 15 clients' (one decode at a time): on a loaded
+        # machine that is minutes, and what is tested is that each is answered, not how fast
+        c = server.client(timeout=1500)
         for j in range(8):
             k = (ci + j) % len(requests)
             _, messages, spec = requests[k]
@@ -324,7 +326,7 @@ def test_load_16_clients_8_requests_some_cancelled(server):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(600)
+        t.join(max(1.0, 3000 - (time.monotonic() - t0)))
     assert not any(t.is_alive() for t in threads), "a client is stuck"
     assert not errors, errors
     assert len(results) == 16 * 8 - n_cancel and n_cancel == 32
