@@ -21,7 +21,7 @@ def _run(args, stdin: str = "", timeout: float = 300):
 def test_chat_reads_turns_from_a_pipe_and_keeps_the_kv_cache():
     pytest.importorskip("llama_cpp")
     turns = "Write a Python function that adds two numbers.\n\nNow add a docstring. Give the full code.\nq\nnever read\n"
-    r = _run(["chat", "-m", "smollm2", "-n", "48", "--json", "--no-memory"], turns)
+    r = _run(["chat", "-m", "smollm2", "-n", "48", "--json", "--no-memory", "--fixed-draft"], turns)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [row["turn"] for row in rows] == [1, 2]  # the blank line is skipped, 'q' ends the chat
@@ -31,7 +31,7 @@ def test_chat_reads_turns_from_a_pipe_and_keeps_the_kv_cache():
     assert rows[1]["prompt_tokens_cached"] >= rows[0]["prompt_tokens"] + rows[0]["tokens"] - 2
     assert all(0 <= row["accepted"] <= row["drafted"] for row in rows)
 
-    r = _run(["chat", "-m", "smollm2", "-n", "16", "--drafter", "suffix"], "Say hello.\n")
+    r = _run(["chat", "-m", "smollm2", "-n", "16", "--drafter", "suffix", "--fixed-draft"], "Say hello.\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
     assert "[turn 1: " in r.stderr and "drafter suffix" in r.stderr and "tok/s" in r.stderr
@@ -213,7 +213,7 @@ COPY_PROMPT = ("Repeat this line exactly, twice: the quick brown fox jumps over 
 @pytest.mark.model
 def test_chat_goes_on_after_a_line_of_bad_utf8_from_a_pipe():
     pytest.importorskip("llama_cpp")
-    r = subprocess.run([sys.executable, "-m", "ngramcache", "chat", "-m", "smollm2", "-n", "12", "--no-memory"],
+    r = subprocess.run([sys.executable, "-m", "ngramcache", "chat", "-m", "smollm2", "-n", "12", "--no-memory", "--fixed-draft"],
                        input=b"Say hi\n\377\376 bad\nSay bye\n", capture_output=True, timeout=300)
     err = r.stderr.decode()
     assert r.returncode == 0, err
@@ -233,7 +233,7 @@ def _pty_chat(lines: list[str], env_extra: dict, timeout: float = 300) -> str:
     main_fd, sub_fd = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     env.update(TERM="xterm", **env_extra)
-    proc = subprocess.Popen([sys.executable, "-m", "ngramcache", "chat", "-m", "smollm2", "-n", "40", "--no-memory"],
+    proc = subprocess.Popen([sys.executable, "-m", "ngramcache", "chat", "-m", "smollm2", "-n", "40", "--no-memory", "--fixed-draft"],
                             stdin=sub_fd, stdout=sub_fd, stderr=sub_fd, env=env, close_fds=True)
     os.close(sub_fd)
     shown = b""
@@ -298,3 +298,10 @@ def test_chat_in_a_terminal_without_colour_when_no_color_is_set():
     shown = _pty_chat([(COPY_PROMPT, "[turn 1: ")], {"NO_COLOR": "1"})
     assert "[turn 1: " in shown and "drafted " in shown.split("[turn 1: ")[1]
     assert "\x1b[34m" not in shown and "blue" not in shown
+
+
+def test_a_negative_seed_is_refused(capsys):
+    from ngramcache.cli.main import main
+
+    assert main(["chat", "-m", "smollm2", "--seed", "-1"]) == 2
+    assert "--seed must be >= 0" in capsys.readouterr().err

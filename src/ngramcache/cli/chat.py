@@ -45,6 +45,9 @@ def add_parser(sub) -> None:
     g.add_argument("--system", metavar="TEXT", help="a system message at the start of the conversation")
     g.add_argument("-n", "--max-tokens", type=int, default=1024, metavar="N",
                    help="most tokens per answer (default: 1024, and never past the context)")
+    g.add_argument("--seed", type=int, metavar="S",
+                   help="with --temp > 0: each position's draw depends only on (S, position), so the answers "
+                        "are the same with or without drafting, and on every run")
     add_output_flags(p, "each turn (its text and figures), one object a line, instead of the streamed text",
                      group=g)
 
@@ -176,7 +179,7 @@ class Chat:
             return
         self.turn += 1
         job = Job(prompt=prompt, max_tokens=min(self.args.max_tokens, room - 1), temperature=engine.temperature,
-                  on_text=None if self.args.json else self._show)
+                  seed=self.args.seed, on_text=None if self.args.json else self._show)
         try:
             r = engine.run(job)
         except KeyboardInterrupt:  # stops the answer, not the chat
@@ -212,6 +215,8 @@ class Chat:
 def run(args) -> int:
     if args.max_tokens < 1:
         raise UsageError(f"-n must be >= 1, got {args.max_tokens}")
+    if args.seed is not None and args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
     engine = build_engine(args)
     try:
         if engine.chat_template is None:
