@@ -14,9 +14,9 @@ difference of one logit, the first row whose top token differs.
 ``--nodes`` also records every node of llama.cpp's compute graph through its eval callback
 (``cb_eval``) while 8 tokens are decoded one at a time and then as one batch, and names the
 first node (in graph order) whose rows differ, with its operation: where the batch-dependent
-path sits. Skipped (and counted): nodes that are not float32, nodes whose shapes do not line
-up, and the raw attention scores (``kq-N``), whose masked cells read KV cells that a
-single-token decode has not written yet (the softmax after them is compared).
+path sits. The raw attention scores (``kq-N``) are compared over the KV cells a row attends
+to (its masked cells read cells that a single-token decode has not written yet). Skipped (and
+counted): nodes that are not float32 and nodes whose shapes do not line up.
 
 The settings:
 
@@ -98,17 +98,15 @@ class NodeRecorder:
         return True
 
 
-def first_differing_node(singles: list[list], batch: list, n: int) -> dict:
-    """Compare the node lists of ``n`` single-token decodes with one batch of ``n``."""
+def first_differing_node(singles: list[list], batch: list, n: int, n_past: int) -> dict:
+    """Compare the node lists of ``n`` single-token decodes with one batch of ``n``, all
+    after ``n_past`` positions in a KV cache whose cell i holds position i."""
     import numpy as np
 
     skipped = compared = 0
     for k, (name, op, b) in enumerate(batch):
         if any(len(s) != len(batch) or s[k][0] != name for s in singles):
             return {"first": None, "note": f"the graphs differ in structure at node {k} ({name})"}
-        if name.startswith("kq-"):  # raw scores: their masked cells read KV cells not written yet
-            skipped += 1
-            continue
         token_axes = [ax for ax in range(b.ndim) if b.shape[ax] == n and singles[0][k][2].shape[ax] == 1]
         if len(token_axes) != 1 or any(s[k][2].shape[:token_axes[0]] + s[k][2].shape[token_axes[0] + 1:]
                                        != b.shape[:token_axes[0]] + b.shape[token_axes[0] + 1:] for s in singles):
@@ -117,9 +115,11 @@ def first_differing_node(singles: list[list], batch: list, n: int) -> dict:
         compared += 1
         ax = token_axes[0]
         for j, s in enumerate(singles):
-            row = np.take(b, [j], axis=ax)
-            if not np.array_equal(row.view(np.uint32), s[k][2].view(np.uint32)):
-                return {"first": f"{name} ({op})", "row": j, "max_abs_diff": float(np.nanmax(np.abs(row - s[k][2]))),
+            row, single = np.take(b, [j], axis=ax), s[k][2]
+            if name.startswith("kq-"):  # the cells row j attends to: positions up to n_past + j
+                row, single = row[..., : n_past + j + 1], single[..., : n_past + j + 1]
+            if not np.array_equal(row.view(np.uint32), single.view(np.uint32)):
+                return {"first": f"{name} ({op})", "row": j, "max_abs_diff": float(np.nanmax(np.abs(row - single))),
                         "compared": compared, "skipped": skipped}
     return {"first": None, "compared": compared, "skipped": skipped}
 
@@ -166,7 +166,7 @@ def run_one(model: str, setting: str, nodes: bool) -> dict:
         recorder.nodes, recorder.on = [], True
         m.decode(step, len(toks), 0)
         recorder.on = False
-        out["nodes"] = first_differing_node(singles, recorder.nodes, n)
+        out["nodes"] = first_differing_node(singles, recorder.nodes, n, len(toks))
         out["nodes"]["total"] = len(recorder.nodes)
         del np
     llm.close()
