@@ -124,35 +124,38 @@ struct Result {
     uint64_t checksum;  // of the drafted tokens, so the compiler cannot drop the work
 };
 
-Result run_ours(const std::vector<token_t>& toks) {
-    NgramCache c;
+// The default mode's workload over one cache type: Update(cache, tokens, n) adds the newest
+// token, Draft(cache, tokens, n, out) drafts up to kDraft tokens after tokens[0..n-1].
+template <class Cache, class Update, class Draft>
+Result run_replay(const std::vector<token_t>& toks, Update update, Draft draft_after) {
+    Cache c;
     token_t out[kDraft];
     size_t drafted = 0;
     uint64_t sum = 0;
     const double t0 = now_s();
     for (size_t pos = 1; pos <= toks.size(); ++pos) {
-        if (pos >= 2) c.update(toks.data(), pos, 1, 4, 1);
-        const size_t k = draft(toks.data(), pos, kDraft, 1, 4, c, nullptr, NoStatic{}, out);
+        if (pos >= 2) update(c, toks.data(), pos);
+        const size_t k = draft_after(c, toks.data(), pos, out);
         drafted += k;
         for (size_t i = 0; i < k; ++i) sum = sum * 31 + uint64_t(out[i]);
     }
     return {now_s() - t0, drafted, c.size(), sum};
 }
 
+Result run_ours(const std::vector<token_t>& toks) {
+    return run_replay<NgramCache>(
+        toks, [](NgramCache& c, const token_t* inp, size_t n) { c.update(inp, n, 1, 4, 1); },
+        [](const NgramCache& c, const token_t* inp, size_t n, token_t* out) {
+            return draft(inp, n, kDraft, 1, 4, c, nullptr, NoStatic{}, out);
+        });
+}
+
 template <bool Copy>
 Result run_std(const std::vector<token_t>& toks) {
-    StdCache c;
-    token_t out[kDraft];
-    size_t drafted = 0;
-    uint64_t sum = 0;
-    const double t0 = now_s();
-    for (size_t pos = 1; pos <= toks.size(); ++pos) {
-        if (pos >= 2) std_update(c, toks.data(), pos);
-        const size_t k = std_draft<Copy>(c, toks.data(), pos, out);
-        drafted += k;
-        for (size_t i = 0; i < k; ++i) sum = sum * 31 + uint64_t(out[i]);
-    }
-    return {now_s() - t0, drafted, c.size(), sum};
+    // lambdas, not function pointers, so the calls inline as run_ours' do
+    return run_replay<StdCache>(
+        toks, [](StdCache& c, const token_t* inp, size_t n) { std_update(c, inp, n); },
+        [](const StdCache& c, const token_t* inp, size_t n, token_t* out) { return std_draft<Copy>(c, inp, n, out); });
 }
 
 // Update only (the table's insert/find path), all positions, nnew = 1.

@@ -19,7 +19,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "ngram.hpp"
@@ -47,20 +46,8 @@ template <class Drafter>
 DrafterReplayResult replay_drafter(Drafter& d, const token_t* inp, size_t n_input, const ReplayOptions& opt,
                                    const ReplayProgress& progress = nullptr) {
     using clock = std::chrono::steady_clock;
-    if (opt.n_ctx < 2) throw InputError("n_ctx must be >= 2, got " + std::to_string(opt.n_ctx));
-    if (opt.n_draft > kMaxReplayDraft)
-        throw InputError("n_draft must be <= " + std::to_string(kMaxReplayDraft) + ", got " +
-                         std::to_string(opt.n_draft));
+    DrafterReplayResult r = detail::start_replay<DrafterReplayResult>(n_input, opt);
     const size_t n_ctx = opt.n_ctx, n_draft = opt.n_draft;
-
-    DrafterReplayResult r;
-    r.n_input = static_cast<int64_t>(n_input);
-    r.n_ctx = static_cast<int64_t>(n_ctx);
-    r.n_draft = static_cast<int64_t>(n_draft);
-    r.draft_length_hist.assign(n_draft + 1, 0);
-    r.accept_length_hist.assign(n_draft + 1, 0);
-    r.drafted_by_position.assign(n_draft, 0);
-    r.accepted_by_position.assign(n_draft, 0);
 
     const size_t n_chunks = n_input > n_ctx ? (n_input - 1) / n_ctx : 0;
     const int64_t total = static_cast<int64_t>(n_chunks * n_ctx);

@@ -253,15 +253,7 @@ private:
     }
 
     void grow_records() {
-        std::vector<RecSlot> old(rec_slots_.size() * 2);
-        old.swap(rec_slots_);
-        const size_t mask = rec_slots_.size() - 1;
-        for (const RecSlot& s : old) {
-            if (s.rec == kNoRecord) continue;
-            size_t i = detail::mix64(s.h) & mask;
-            while (rec_slots_[i].rec != kNoRecord) i = (i + 1) & mask;
-            rec_slots_[i] = s;
-        }
+        detail::grow_table(rec_slots_, [](const RecSlot& s) { return s.rec != kNoRecord; });
     }
 
     static size_t next_pow2(size_t x) {

@@ -84,6 +84,22 @@ inline bool same_tokens(const token_t* a, const token_t* b, size_t n) {
     return std::memcmp(a, b, n * sizeof(token_t)) == 0;
 }
 
+// Doubles a linear-probing table whose slots sit at mix64(slot.h) and places every occupied
+// slot again. A default-constructed Slot is an empty one. WindowIndex and NgramMap's
+// record table (ngram_map.hpp) both grow this way.
+template <class Slot, class Occupied>
+void grow_table(std::vector<Slot>& slots, Occupied occupied) {
+    std::vector<Slot> old(slots.size() * 2);
+    old.swap(slots);
+    const size_t mask = slots.size() - 1;
+    for (const Slot& s : old) {
+        if (!occupied(s)) continue;
+        size_t i = mix64(s.h) & mask;
+        while (occupied(slots[i])) i = (i + 1) & mask;
+        slots[i] = s;
+    }
+}
+
 }  // namespace detail
 
 class WindowIndex {
@@ -211,15 +227,7 @@ private:
     }
 
     void grow() {
-        std::vector<Entry> old(slots_.size() * 2);
-        old.swap(slots_);
-        const size_t mask = slots_.size() - 1;
-        for (const Entry& e : old) {
-            if (e.first == kNone) continue;
-            size_t i = home(e.h);
-            while (slots_[i].first != kNone) i = (i + 1) & mask;
-            slots_[i] = e;
-        }
+        detail::grow_table(slots_, [](const Entry& e) { return e.first != kNone; });
     }
 
     size_t n_;

@@ -125,6 +125,26 @@ inline int64_t elapsed_ns(std::chrono::steady_clock::time_point t0) {
         .count();
 }
 
+// What every replay loop (replay() here, replay_drafter() in drafter_replay.hpp) checks
+// before it starts, and the counters it starts from: the sizes the options give, the
+// per-length and per-position arrays at zero. Result is ReplayResult or DrafterReplayResult.
+template <class Result>
+Result start_replay(size_t n_input, const ReplayOptions& opt) {
+    if (opt.n_ctx < 2) throw InputError("n_ctx must be >= 2, got " + std::to_string(opt.n_ctx));
+    if (opt.n_draft > kMaxReplayDraft)
+        throw InputError("n_draft must be <= " + std::to_string(kMaxReplayDraft) + ", got " +
+                         std::to_string(opt.n_draft));
+    Result r;
+    r.n_input = static_cast<int64_t>(n_input);
+    r.n_ctx = static_cast<int64_t>(opt.n_ctx);
+    r.n_draft = static_cast<int64_t>(opt.n_draft);
+    r.draft_length_hist.assign(opt.n_draft + 1, 0);
+    r.accept_length_hist.assign(opt.n_draft + 1, 0);
+    r.drafted_by_position.assign(opt.n_draft, 0);
+    r.accepted_by_position.assign(opt.n_draft, 0);
+    return r;
+}
+
 }  // namespace detail
 
 // Replays inp[0..n_input-1]. `dynamic` is the cache the chunks are merged into: the caller
@@ -134,20 +154,8 @@ template <class Static>
 ReplayResult replay(const token_t* inp, size_t n_input, const ReplayOptions& opt, NgramCache& dynamic,
                     const Static& st, const ReplayProgress& progress = nullptr) {
     using clock = std::chrono::steady_clock;
-    if (opt.n_ctx < 2) throw InputError("n_ctx must be >= 2, got " + std::to_string(opt.n_ctx));
-    if (opt.n_draft > kMaxReplayDraft)
-        throw InputError("n_draft must be <= " + std::to_string(kMaxReplayDraft) + ", got " +
-                         std::to_string(opt.n_draft));
+    ReplayResult r = detail::start_replay<ReplayResult>(n_input, opt);
     const size_t n_ctx = opt.n_ctx, n_draft = opt.n_draft;
-
-    ReplayResult r;
-    r.n_input = static_cast<int64_t>(n_input);
-    r.n_ctx = static_cast<int64_t>(n_ctx);
-    r.n_draft = static_cast<int64_t>(n_draft);
-    r.draft_length_hist.assign(n_draft + 1, 0);
-    r.accept_length_hist.assign(n_draft + 1, 0);
-    r.drafted_by_position.assign(n_draft, 0);
-    r.accepted_by_position.assign(n_draft, 0);
 
     const size_t n_chunks = n_input > n_ctx ? (n_input - 1) / n_ctx : 0;  // i_start + n_ctx < n_input
     const int64_t total = static_cast<int64_t>(n_chunks * n_ctx);
