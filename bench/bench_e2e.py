@@ -51,7 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 import ngramcache as nc  # noqa: E402
-from e2e_common import add_run_arguments, speed_rows  # noqa: E402
+from e2e_common import add_run_arguments, chosen_tasks, chosen_variants, speed_rows  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
 from ngramcache.drafters.catalog import make_drafter  # noqa: E402
@@ -221,28 +221,15 @@ def main(argv=None) -> int:
     add_run_arguments(ap, "gemma,smollm2", "tokens generated per run")
     ap.add_argument("--n-draft", type=int, default=16, help="most tokens drafted per step by ngc (default 16)")
     ap.add_argument("--static-bytes", type=int, default=2_000_000, help="static corpus size (default 2 MB)")
-    ap.add_argument("--workloads", default="all", help="comma list of workload names, or all")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="smoke test: 16 tokens, 1 round, 2 workloads, 200 KB static")
     ap.add_argument("--variants", default="all",
                     help="comma list of variants (plain and oracle are always run), or all: " + ",".join(VARIANTS))
-    ap.add_argument("--json", metavar="FNAME", help="also write every figure here")
     args = ap.parse_args(argv)
-    variants = VARIANTS
-    if args.variants != "all":
-        want = set(args.variants.split(",")) | {"plain", "oracle"}
-        bad = want - set(VARIANTS)
-        if bad:
-            ap.error(f"unknown variants: {', '.join(sorted(bad))}")
-        variants = tuple(v for v in VARIANTS if v in want)
+    variants = chosen_variants(ap, args.variants, VARIANTS, {"plain", "oracle"})
     if args.quick:
         args.tokens, args.repeats, args.static_bytes = 16, 1, 200_000
-    tasks = data.bench_tasks()
-    if args.quick and args.workloads == "all":
-        tasks = [tasks[1], tasks[4]]
-    elif args.workloads != "all":
-        want = set(args.workloads.split(","))
-        tasks = [t for t in tasks if t.name in want]
+    tasks = chosen_tasks(data.bench_tasks(), args.workloads, args.quick)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     all_results = {}
     for m in args.models.split(","):

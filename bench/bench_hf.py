@@ -45,7 +45,7 @@ import transformers  # noqa: E402
 from transformers.generation import candidate_generator as hf_cg  # noqa: E402
 
 import ngramcache as nc  # noqa: E402
-from e2e_common import add_run_arguments, speed_rows  # noqa: E402
+from e2e_common import add_run_arguments, chosen_tasks, chosen_variants, speed_rows  # noqa: E402
 from ngramcache import data, hf  # noqa: E402
 
 VARIANTS = ("plain", "hf-pld-10", "ngc", "ngc-fixed10", "suffix", "lookup", "pld", "simple", "map-k", "mod", "oracle")
@@ -137,14 +137,17 @@ def prefill_seconds(model, ids, repeats: int = 3) -> float:
     with torch.no_grad():
         for _ in range(repeats):
             t = time.perf_counter()
-            model(ids, use_cache=True, logits_to_keep=1)
+            # reading a value waits for the work a GPU still has queued
+            model(ids, use_cache=True, logits_to_keep=1).logits.sum().item()
             best = min(best, time.perf_counter() - t)
     return best
 
 
-def run_model(name: str, tasks, n_tokens: int, repeats: int, variants, log) -> dict:
+def run_model(name: str, tasks, n_tokens: int, repeats: int, variants, log, loaded=None) -> dict:
+    """Every variant on every task; ``loaded``: (model, tokenizer) already loaded (on any
+    device, any dtype) instead of ``hf.load_model(name)``."""
     t = time.perf_counter()
-    model, tok = hf.load_model(name)
+    model, tok = hf.load_model(name) if loaded is None else loaded
     log(f"[{name}] loaded {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f} M "
         f"parameters, {model.dtype}) in {time.perf_counter() - t:.0f} s; torch threads {torch.get_num_threads()}")
     counter = [0]
@@ -154,10 +157,10 @@ def run_model(name: str, tasks, n_tokens: int, repeats: int, variants, log) -> d
     log(f"[{name}] verify costs after 512 tokens (x one token): {[round(x, 2) for x in rel]}")
     results = {}
     for task in tasks:
-        ids = tok(task.prompt, return_tensors="pt")["input_ids"]
+        ids = tok(task.prompt, return_tensors="pt")["input_ids"].to(model.device)
         n_prompt = ids.shape[1]
         ref, _, _ = run_variant(model, "plain", ids, n_tokens, costs, counter)  # warm-up and the truth
-        truth = ref[0, n_prompt:].numpy()
+        truth = ref[0, n_prompt:].cpu().numpy()
         pre = prefill_seconds(model, ids)
         rows = {v: [] for v in variants}
         for r in range(repeats):
@@ -186,14 +189,15 @@ def run_model(name: str, tasks, n_tokens: int, repeats: int, variants, log) -> d
         p = row["plain"]
         log(f"[{name}] {task.name}: prompt {n_prompt} tok, {p['n_new']} new; plain {p['gen_tok_s']:.1f} tok/s; "
             + ", ".join(f"{v} {row[v]['gen_tok_s'] / p['gen_tok_s']:.2f}x" for v in variants[1:]))
-    return {"model": type(model).__name__, "costs": costs, "tasks": results}
+    return {"model": type(model).__name__, "dtype": str(model.dtype).removeprefix("torch."), "costs": costs,
+            "tasks": results}
 
 
 def markdown(all_results: dict, key: str, variants) -> str:
     lines = []
     for model, res in all_results.items():
         what = "generated tokens (prompt pass subtracted)" if key == "gen_tok_s" else "end to end (prompt included)"
-        lines.append(f"\n**{model}** ({res['model']}, float32), {what}: tok/s and speedup over plain\n")
+        lines.append(f"\n**{model}** ({res['model']}, {res.get('dtype', 'float32')}), {what}: tok/s and speedup over plain\n")
         lines.extend(speed_rows(res, variants, key))
         if key == "gen_tok_s":
             lines.append("\nngramcache's default (ngc) against transformers' prompt lookup: " + ", ".join(
@@ -216,28 +220,15 @@ def markdown(all_results: dict, key: str, variants) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(ap, "smollm2", "most tokens generated per run")
-    ap.add_argument("--workloads", default="all", help="comma list of workload names, or all")
     ap.add_argument("--variants", default="all", help="comma list (plain is always run), or all: " + ",".join(VARIANTS))
     ap.add_argument("--quick", action="store_true", help="smoke test: 16 tokens, 1 round, 2 workloads, 3 variants")
-    ap.add_argument("--json", metavar="FNAME", help="also write every figure here")
     args = ap.parse_args(argv)
-    variants = VARIANTS
     if args.quick:
         args.tokens, args.repeats = 16, 1
         if args.variants == "all":
             args.variants = "hf-pld-10,ngc"
-    if args.variants != "all":
-        want = set(args.variants.split(",")) | {"plain"}
-        bad = want - set(VARIANTS)
-        if bad:
-            ap.error(f"unknown variants: {', '.join(sorted(bad))}")
-        variants = tuple(v for v in VARIANTS if v in want)
-    tasks = data.bench_tasks()
-    if args.quick and args.workloads == "all":
-        tasks = [tasks[1], tasks[4]]
-    elif args.workloads != "all":
-        want = set(args.workloads.split(","))
-        tasks = [t for t in tasks if t.name in want]
+    variants = chosen_variants(ap, args.variants, VARIANTS, {"plain"})
+    tasks = chosen_tasks(data.bench_tasks(), args.workloads, args.quick)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     all_results = {m: run_model(m, tasks, args.tokens, args.repeats, variants, log) for m in args.models.split(",")}
     print(f"\ntransformers {transformers.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads; "

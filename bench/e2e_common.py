@@ -1,5 +1,5 @@
-"""What the end-to-end benchmarks (bench_e2e.py, bench_hf.py) share: their run options, and the
-speed table they print (a row per workload, a column per variant, tok/s with the speedup over
+"""What the end-to-end benchmarks (bench_e2e.py, bench_hf.py) share: their run options, the
+variants and workloads those options pick, and the speed table they print (a row per workload, a column per variant, tok/s with the speedup over
 plain and the share of the oracle's tok/s where there is one, and where a variant's text
 differed from plain, the first position that differed)."""
 
@@ -34,3 +34,25 @@ def add_run_arguments(ap, models: str, tokens_help: str) -> None:
     ap.add_argument("--models", default=models, help="comma list of gemma, smollm2, or GGUF paths")
     ap.add_argument("--tokens", type=int, default=128, help=f"{tokens_help} (default 128)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds per workload (default 3)")
+    ap.add_argument("--workloads", default="all", help="comma list of workload names, or all")
+    ap.add_argument("--json", metavar="FNAME", help="also write every figure here")
+
+
+def chosen_variants(ap, spec: str, variants: tuple, always: set) -> tuple:
+    """The variants ``spec`` (``--variants``: a comma list, or ``all``) names, plus ``always``,
+    in the order of ``variants``; an unknown name is a usage error through ``ap``."""
+    if spec == "all":
+        return variants
+    want = set(spec.split(",")) | always
+    bad = want - set(variants)
+    if bad:
+        ap.error(f"unknown variants: {', '.join(sorted(bad))}")
+    return tuple(v for v in variants if v in want)
+
+
+def chosen_tasks(tasks: list, workloads: str, quick: bool) -> list:
+    """The workloads ``--workloads`` names (``all``: every one; with ``--quick``, two of them)."""
+    if workloads != "all":
+        want = set(workloads.split(","))
+        return [t for t in tasks if t.name in want]
+    return [tasks[1], tasks[4]] if quick else tasks
