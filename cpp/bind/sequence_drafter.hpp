@@ -26,22 +26,17 @@ py::class_<ngramcache::Exclusive<D>> bind_sequence_drafter(py::module_& m, const
                                                            Init&& init, const Options&... options) {
     using E = ngramcache::Exclusive<D>;
     using Claim = typename E::Claim;
+    // reset and accept take tokens alike: the drafter claimed, the GIL released
+    const auto tokens_step = [](void (D::*step)(const token_t*, size_t)) {
+        return [step](E& e, const Tokens& t) {
+            Claim d(e);
+            nogil([&] { ((*d).*step)(t.data(), len(t)); });
+        };
+    };
     py::class_<E> c(m, name, doc);
     c.def(std::forward<Init>(init), options...)
-        .def(
-            "reset",
-            [](E& e, const Tokens& t) {
-                Claim d(e);
-                nogil([&] { d->reset(t.data(), len(t)); });
-            },
-            "prompt"_a)
-        .def(
-            "accept",
-            [](E& e, const Tokens& t) {
-                Claim d(e);
-                nogil([&] { d->accept(t.data(), len(t)); });
-            },
-            "tokens"_a)
+        .def("reset", tokens_step(&D::reset), "prompt"_a)
+        .def("accept", tokens_step(&D::accept), "tokens"_a)
         .def(
             "propose",
             [](E& e, size_t n_max) {
