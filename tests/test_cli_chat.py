@@ -66,6 +66,23 @@ def test_serve_refuses_a_bad_port():
     assert r.returncode == 2 and "--port" in r.stderr
 
 
+def test_a_damaged_memory_file_is_named_once(monkeypatch, capsys, tmp_path):
+    """A state file's refusal already names the file, its kind and the problem: the command
+    line prints it as it is, with no second "damaged or not a cache file" before it."""
+    from ngramcache.cli import chat
+    from ngramcache.cli.main import main
+    from ngramcache.serving import Memory
+
+    path = tmp_path / "memory.bin"
+    path.write_bytes(b"NGSRVMEM\x01\x00")  # the magic, then a header cut short
+    # the engine's own load of --memory, without a model to load first
+    monkeypatch.setattr(chat, "build_engine", lambda args: Memory.load(path, 1000, bytes(32)))
+    assert main(["chat"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"ngramcache chat: error: {path}: damaged or not a server memory file ("), err
+    assert "cache file" not in err and err.count("\n") == 1, err
+
+
 # -- the terminal chat, with a stand-in engine (no model) -----------------------------------
 
 class FakeTemplate:

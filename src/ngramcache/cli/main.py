@@ -102,11 +102,13 @@ def _describe_oserror(e: OSError) -> str:
 
 def _damaged(e: Exception) -> str:
     from ngramcache import CacheFormatError
+    from ngramcache._state_file import StateFileError
 
-    # A message that already says which cache failed to open (stats' llama.cpp wording) needs no more.
-    if isinstance(e, CacheFormatError) and not str(e).startswith("failed to open"):
-        return "damaged or not a cache file: "
-    return ""
+    # Messages that already say what failed to load need no more: a state file's (its name,
+    # its kind, what is wrong) and stats' llama.cpp wording ("failed to open ...").
+    if isinstance(e, StateFileError) or not isinstance(e, CacheFormatError) or str(e).startswith("failed to open"):
+        return ""
+    return "damaged or not a cache file: "
 
 
 def _drop_stdout() -> None:
