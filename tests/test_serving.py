@@ -121,6 +121,32 @@ def test_with_costs_the_drafter_is_gated_and_the_answer_unchanged():
         engine.close(timeout=30)
 
 
+def test_a_request_that_continues_a_conversation_goes_on_with_its_gate():
+    engine = _engine()
+    engine.costs = [1.0, 1.1, 1.2]
+    made = []
+    build = engine.make_drafter
+
+    def spy(*args, **kw):
+        d = build(*args, **kw)
+        made.append((kw.get("gate"), d.gate))
+        return d
+
+    engine.make_drafter = spy
+    try:
+        first = np.array(PROMPT, dtype=np.int32)
+        r1 = engine.run(Job(prompt=first, max_tokens=30), timeout=60)
+        second = np.concatenate([first, r1.tokens, np.array([5, 6, 7], dtype=np.int32)])
+        r2 = engine.run(Job(prompt=second, max_tokens=30), timeout=60)
+        assert r2.tokens.tolist() == reference(second.tolist(), 30)
+        engine.run(Job(prompt=np.array([9, 9, 9, 1, 2], dtype=np.int32), max_tokens=10), timeout=60)
+    finally:
+        engine.close(timeout=30)
+    (given1, gate1), (given2, gate2), (given3, gate3) = made
+    assert given1 is None and given2 is gate1 and gate2 is gate1  # the second turn learns on
+    assert given3 is None and gate3 is not gate1  # another conversation starts afresh
+
+
 @pytest.mark.parametrize("spec,param", [
     ({"drafter": "nope"}, "speculative.drafter"),
     ({"n_draft": 1000}, "speculative.n_draft"),

@@ -284,16 +284,18 @@ def extend_costs(costs: Sequence[float], n: int) -> list[float]:
 
 
 def gated_drafter(costs: Sequence[float] | None, drafter: str | None = None, n_draft: int = 16, *,
-                  gate_options: dict | None = None, **options):
+                  gate_options: dict | None = None, gate: AdaptiveGate | None = None, **options):
     """The drafter called ``drafter`` (``ngramcache.drafters.catalog``; None: its default)
     proposing up to ``n_draft`` tokens, with an ``AdaptiveGate`` on ``costs`` (seconds to
     verify 1, 2, ... tokens, extended by :func:`extend_costs` to ``n_draft + 1``) and
     ``gate_options`` (the gate's keywords). ``costs`` None: no gate (every proposal is
-    verified whole). ``options``: the drafter's own keywords (None values left out)."""
+    verified whole). ``gate``: a gate that has already learnt (an earlier turn's) to go on
+    with instead of a new one. ``options``: the drafter's own keywords (None values left out)."""
     from ngramcache.drafters.catalog import DEFAULT_DRAFTER, make_drafter
 
     n_draft = check_int("n_draft", n_draft, 0)
-    gate = None
-    if costs is not None:
+    if costs is None:
+        gate = None
+    elif gate is None or gate.max_len < n_draft:
         gate = AdaptiveGate(extend_costs(costs, n_draft + 1), **(gate_options or {}))
     return make_drafter(DEFAULT_DRAFTER if drafter is None else drafter, n_draft=n_draft, gate=gate, **options)

@@ -29,6 +29,7 @@ from ngramcache._validate import as_tokens, check_int
 from ngramcache.decoding.loop import PromptCache, is_backend
 from ngramcache.decoding.text_sink import TextSink
 from ngramcache.serving.chat_template import ChatTemplate
+from ngramcache.serving.conversations import ConversationGates
 from ngramcache.serving.errors import (CancelledError, ContextOverflowError, EngineError, QueueFullError,
                                        RequestError, ShuttingDownError)
 from ngramcache.serving.drafting import resolve_speculative
@@ -101,6 +102,7 @@ class Engine:
         self.static = static
         self.max_queue = check_int("max_queue", max_queue, 1, none_ok=True)
         self.prompt_cache = PromptCache()
+        self.conversations = ConversationGates()  # the drafting gate's state per conversation
         self.costs = None
         self.temperature = 0.0  # for requests that give none
         if adaptive and self.n_draft:
@@ -249,11 +251,12 @@ class Engine:
         self._last_save = time.monotonic()
         return True
 
-    def make_drafter(self, name: str, n_draft: int, options: dict | None = None):
+    def make_drafter(self, name: str, n_draft: int, options: dict | None = None, gate=None):
         """The drafter ``name`` as a job gets it: the engine's options when ``name`` is its
         default drafter, then ``options`` (a request's own), the shared state its registry
         spec takes (the memory's, the static table), and the adaptive gate on this model's
-        costs (``ngramcache.decoding.costs.gated_drafter``)."""
+        costs (``ngramcache.decoding.costs.gated_drafter``): ``gate``, the one of the
+        conversation the job continues, else a new one."""
         from ngramcache.decoding.costs import gated_drafter
         from ngramcache.drafters import registry
 
@@ -262,7 +265,8 @@ class Engine:
         shared = self.memory.shared_state() if self.memory is not None else {}
         if self.static is not None:
             shared[registry.STATIC] = self.static
-        return gated_drafter(self.costs, name, n_draft, **opts, **registry.spec(name).shared_kwargs(shared))
+        return gated_drafter(self.costs, name, n_draft, gate=gate, **opts,
+                             **registry.spec(name).shared_kwargs(shared))
 
     _make_drafter = make_drafter  # the name the command line's engine builder calls
 
@@ -323,7 +327,11 @@ class Engine:
             plan = job.plan if job.plan is not None else resolve_speculative(job.speculative, self.drafter,
                                                                              self.n_draft)
             name = plan.drafter
-            drafter = self.make_drafter(name, plan.n_draft, plan.options) if name is not None else None
+            drafter = gate_key = None
+            if name is not None:
+                gate_key = (name, plan.n_draft, tuple(sorted((plan.options or {}).items())))
+                drafter = self.make_drafter(name, plan.n_draft, plan.options,
+                                            gate=self.conversations.find(job.prompt, gate_key))
             stops = StopFilter(job.stop)
             sink = TextSink(self.backend)
             emit = job.on_text
@@ -339,7 +347,8 @@ class Engine:
 
             res = generate(self.backend, job.prompt, drafter, job.max_tokens, temperature=job.temperature,
                            seed=job.seed, top_k=job.top_k, top_p=job.top_p, on_tokens=on_tokens,
-                           prompt_cache=self.prompt_cache if job.cache_prompt else None)
+                           prompt_cache=self.prompt_cache if job.cache_prompt else None,
+                           should_stop=job.cancelled.is_set)
             if not job.cache_prompt:
                 self.prompt_cache.clear()  # the KV cache now holds this request, untracked
             if job.cancel_error is not None:
@@ -359,6 +368,8 @@ class Engine:
                                n_cached=res.n_cached, finish_reason=reason, drafter=name, drafted=res.drafted,
                                accepted=res.accepted, t_prompt=res.t_prompt, t_draft=res.t_draft,
                                t_verify=res.t_verify, t_total=res.t_total, t_queue=t_queue)
+            if getattr(drafter, "gate", None) is not None and reason != "cancelled":
+                self.conversations.keep(np.concatenate([job.prompt, res.tokens]), gate_key, drafter.gate)
             if self.memory is not None and job.learn and reason != "cancelled":
                 self.memory.learn(np.concatenate([job.prompt, res.tokens]), mod_learned=_drafts_into_mod_table(name))
             self.tally.count(result=result)
