@@ -153,7 +153,7 @@ def _long(stream: bool) -> bytes:
 
 
 @pytest.mark.parametrize("running_streams", [False, True])
-def test_sigterm_stops_the_running_request_answers_every_one_and_saves_the_memory(tmp_path, running_streams):
+def test_sigterm_stops_the_running_request_answers_every_one_and_saves_the_memory(tmp_path, vocab, running_streams):
     path = tmp_path / "memory.bin"
     s = Server(FIXED, "--memory", str(path), "--shutdown-timeout", "1")
     answers: dict[str, tuple[int, bytes]] = {}
@@ -200,6 +200,108 @@ def test_sigterm_stops_the_running_request_answers_every_one_and_saves_the_memor
     assert "stopped" not in errors["queued"]["message"] and "stopped" not in errors["queued_stream"]["message"]
     log = "".join(s.log)
     assert f"memory saved to {path}" in log, log
+    assert _loaded(path, vocab).n_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def vocab() -> tuple[int, bytes]:
+    """SmolLM2's vocabulary as a memory file records it: (size, fingerprint)."""
+    from ngramcache import llama as nl
+    from ngramcache.serving.memory import vocab_fingerprint
+
+    backend = nl.LlamaBackend.of(nl.make_llama("smollm2", n_ctx=256))
+    return backend.n_vocab, vocab_fingerprint(backend)
+
+
+def _loaded(path, vocab):
+    """The memory file at ``path`` as the next server would load it (a damaged one raises)."""
+    from ngramcache.serving import Memory
+
+    return Memory.load(path, *vocab)
+
+
+def _sigterm(s: Server) -> tuple[int, float]:
+    """SIGTERM ``s``: its exit status and the seconds it took to end."""
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    rc = s.proc.wait(60)
+    return rc, time.monotonic() - t0
+
+
+PROMPT_PASS = 1500  # tokens: with -b 32, a prompt pass of 47 decodes
+
+
+def test_sigterm_in_the_prompt_pass_stops_it_at_its_next_batch(tmp_path, vocab):
+    path = tmp_path / "memory.bin"
+    # small batches: the prompt pass is many decodes, and a stop is taken between two of them;
+    # no grace, so the stop comes at once rather than after the prompt pass on a fast machine
+    s = Server(FIXED, "--memory", str(path), "--shutdown-timeout", "0", "-b", "32")
+    answer = {}
+    try:
+        _chat(s.client(), [{"role": "user", "content": "Say hi."}], max_tokens=8)  # something to remember
+        body = json.dumps({"prompt": list(range(1000, 1000 + PROMPT_PASS)), "max_tokens": 8, "stream": True,
+                           "cache_prompt": False, "speculative": {"enabled": False}}).encode()
+        t = threading.Thread(target=lambda: answer.update(r=_post_raw(s.url + "/v1/completions", body)))
+        t.start()
+        deadline = time.monotonic() + 60
+        while not json.loads(s.get("/health"))["busy"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        rc, took = _sigterm(s)
+        t.join(60)
+    finally:
+        s.stop(signal.SIGKILL)
+    assert rc in (0, -signal.SIGTERM) and took < 20, (rc, took)
+    status, raw = answer["r"]
+    events = _events(raw)
+    assert status == 200 and events[-1] == "[DONE]", events[-3:]
+    err = events[-2]["error"]
+    assert err["code"] == "shutting_down" and "stopped after 0 s" in err["message"], err
+    # stopped inside its prompt pass: no token was decoded, so no text came
+    assert all(e["choices"][0]["text"] == "" for e in events[:-2]), events
+    log = "".join(s.log)
+    assert f"memory saved to {path}" in log, log
+    assert _loaded(path, vocab).n_tokens > 0
+
+
+def test_sigterm_while_the_memory_is_saved(tmp_path, vocab):
+    from test_serve import _save_under_way
+
+    path = tmp_path / "memory.bin"
+    s = Server(FIXED, "--memory", str(path), "--memory-save-interval", "0.002", "--shutdown-timeout", "1")
+    statuses = []
+    stop = threading.Event()
+
+    def keep_learning():  # requests between the saves, so that each save has something new
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                statuses.append(_post_raw(s.url + "/v1/completions",
+                                          json.dumps({"prompt": f"{i} apples", "max_tokens": 4}).encode(), 60)[0])
+            except OSError:  # the server stopped listening
+                return
+
+    try:
+        _chat(s.client(), [{"role": "user", "content": "Say hi."}], max_tokens=8)
+        t = threading.Thread(target=keep_learning)
+        t.start()
+        deadline = time.monotonic() + 60
+        saving = False
+        while not saving and time.monotonic() < deadline:
+            saving = _save_under_way(s.proc.pid, tmp_path)
+        if saving:
+            rc, took = _sigterm(s)
+        stop.set()
+        t.join(90)
+    finally:
+        stop.set()
+        s.stop(signal.SIGKILL)
+    assert saving, "no save was seen under way"
+    assert rc in (0, -signal.SIGTERM) and took < 20, (rc, took)
+    assert set(statuses) <= {200, 503}, statuses
+    log = "".join(s.log)
+    assert f"memory saved to {path}" in log and "not saved" not in log, log
+    assert _loaded(path, vocab).n_tokens > 0
 
 
 def test_a_memory_file_of_another_model_is_refused_as_such(tmp_path):

@@ -217,7 +217,8 @@ def generate(backend: Backend, prompt, drafter: Drafter | None = None, max_token
              n_threads: int | None = None, n_threads_batch: int | None = None, stop_at_eos: bool = True,
              on_tokens: Callable[[list[int], int], bool | None] | None = None,
              on_logits: Callable[[int, np.ndarray], None] | None = None,
-             prompt_cache: PromptCache | None = None) -> GenerationResult:
+             prompt_cache: PromptCache | None = None,
+             should_stop: Callable[[], bool] | None = None) -> GenerationResult:
     """Generate up to ``max_tokens`` tokens after ``prompt`` (text, or token ids).
 
     ``drafter`` None is plain decoding (one token per decode). Greedy
@@ -236,11 +237,15 @@ def generate(backend: Backend, prompt, drafter: Drafter | None = None, max_token
     requests on this backend, so that a prompt sharing a prefix with what the KV cache
     holds decodes only the rest (``n_cached`` in the result).
     ``on_logits(i, row)`` sees the logits row that decided generated token i (for
-    checks; the row is only valid during the call).
+    checks; the row is only valid during the call). ``should_stop()`` is asked between
+    the prompt's ``n_batch`` pieces: True ends generation there, before any token
+    (``stop_reason`` "stop"), so that a long prompt pass can be stopped (a server
+    shutting down, a client gone) before it ends.
     """
     gen = _run(backend, prompt, drafter, max_tokens, temperature=temperature, seed=seed, top_k=top_k,
                top_p=top_p, n_threads=n_threads, n_threads_batch=n_threads_batch,
-               stop_at_eos=stop_at_eos, on_tokens=on_tokens, on_logits=on_logits, prompt_cache=prompt_cache)
+               stop_at_eos=stop_at_eos, on_tokens=on_tokens, on_logits=on_logits, prompt_cache=prompt_cache,
+               should_stop=should_stop)
     while True:
         try:
             next(gen)
@@ -264,7 +269,7 @@ def _set_threads(m, n_threads, n_threads_batch) -> None:
 
 def _run(m: Backend, prompt, drafter, max_tokens, *, temperature=0.0, seed=None, top_k=0, top_p=1.0,
          n_threads=None, n_threads_batch=None, stop_at_eos=True, on_tokens=None, on_logits=None,
-         prompt_cache=None):
+         prompt_cache=None, should_stop=None):
     # A generator so that ``stream`` can hand out text between steps; returns the result.
     max_tokens = check_int("max_tokens", max_tokens, 0)
     if drafter is not None and not isinstance(drafter, Drafter):
@@ -297,6 +302,12 @@ def _run(m: Backend, prompt, drafter, max_tokens, *, temperature=0.0, seed=None,
         m.clear()
     # the prompt after the kept prefix, in n_batch pieces, with logits for its last token only
     for s in range(n_keep, n_p, m.n_batch):
+        if s > n_keep and should_stop is not None and should_stop():
+            # the KV cache holds part of the prompt: the prompt cache stays cleared
+            t = time.perf_counter() - t0
+            return GenerationResult.decoded(m, out[:0], n_prompt=n_p, t_prompt=t, t_draft=0.0, t_verify=0.0,
+                                            t_total=t, drafted=0, accepted=0, accept_lengths=[],
+                                            stop_reason="stop", n_cached=n_keep)
         chunk = prompt_tokens[s : s + m.n_batch]
         m.decode(chunk, s, len(chunk) - 1 if s + len(chunk) == n_p else len(chunk))
     n_past = n_p  # positions in the KV cache; the newest token is not among them yet
