@@ -65,3 +65,142 @@ def test_cli_generate_every_drafter_gives_plain_greedy_text(gemma_path, capsys):
     assert rc == 2 and "-lcs and -lcd apply" in capsys.readouterr().err
     rc = main(base + ["--drafter", "mod", "--no-copy"])
     assert rc == 2 and "--no-copy" in capsys.readouterr().err
+
+
+# --- --chat and -sys -------------------------------------------------------------------
+
+_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+             "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def _fake_chat_model(monkeypatch, template: str | None):
+    """make_llama gives a model whose GGUF holds ``template`` (None: no chat template) and whose
+    tokenizer turns each byte into one id, so that the prompt generate receives reads back."""
+    from types import SimpleNamespace
+    from ngramcache import llama as nl
+
+    def tokenize(text: bytes, add_bos: bool = True, special: bool = False):
+        return ([1] if add_bos else []) + list(text)
+
+    llm = SimpleNamespace(metadata={"tokenizer.chat_template": template} if template else {},
+                          _model=SimpleNamespace(token_get_text=lambda tok: {1: "<s>", 2: "</s>"}[tok]),
+                          token_bos=lambda: 1, token_eos=lambda: 2, tokenize=tokenize)
+    monkeypatch.setattr(nl, "make_llama", lambda *a, **k: llm)
+
+
+def _read_back(tokens) -> str:
+    assert int(tokens[0]) == 1  # the BOS, added once: this template writes none
+    return bytes(int(t) for t in tokens[1:]).decode()
+
+
+def test_generate_chat_sends_the_rendered_messages(tmp_path, capsys, monkeypatch, fake_llama):
+    seen, model = fake_llama
+    _fake_chat_model(monkeypatch, _TEMPLATE)
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "--no-draft", "--chat", "-p", "hi\\tthere")
+    assert rc == 0, err
+    assert _read_back(seen[-1]) == "<user>hi\tthere</user><assistant>"
+    assert out == "\n\n<user>hi\tthere</user><assistant><7><8>\n\n"  # the rendered prompt is echoed
+
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "--no-draft", "-sys", "Be brief.\\nVery.", "-p", "hi")
+    assert rc == 0, err  # -sys alone implies --chat; its escapes are processed like -p's
+    assert _read_back(seen[-1]) == "<system>Be brief.\nVery.</system><user>hi</user><assistant>"
+
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "--no-draft", "--no-escape", "--system", "a\\n",
+                           "-p", "b\\n", "--json")
+    assert rc == 0, err
+    assert _read_back(seen[-1]) == "<system>a\\n</system><user>b\\n</user><assistant>"
+    assert json.loads(out)["chat"] is True
+
+
+def test_generate_chat_template_file_replaces_the_models(tmp_path, capsys, monkeypatch, fake_llama):
+    seen, model = fake_llama
+    _fake_chat_model(monkeypatch, None)
+    path = tmp_path / "t.jinja"
+    path.write_text("{{ bos_token }}[{{ messages[-1]['content'] }}]", encoding="utf-8")
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "--no-draft", "--chat-template-file", path,
+                           "-p", "q", "--json")
+    assert rc == 0, err
+    # the template writes the BOS's text itself: no BOS id is added in front of it
+    assert [int(t) for t in seen[-1]] == list(b"<s>[q]")
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "--chat-template-file", tmp_path / "none.jinja",
+                           "-p", "q")
+    assert rc == 1 and "none.jinja" in err and len(seen) == 1
+
+
+def test_generate_chat_errors(tmp_path, capsys, monkeypatch, fake_llama):
+    seen, model = fake_llama
+    _fake_chat_model(monkeypatch, None)
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "--chat", "-p", "hi")
+    assert rc == 2 and out == "" and seen == []
+    assert err == ("ngramcache generate: error: this model has no chat template in its GGUF; give one with "
+                   "--chat-template-file\ntry 'ngramcache generate --help'\n")
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "--no-draft", "-p", "hi")
+    assert rc == 0 and len(seen) == 1  # without --chat the same model takes the raw prompt
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf\xe9")
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "--chat", "-f", bad)
+    assert rc == 2 and len(seen) == 1
+    assert err.startswith("ngramcache generate: error: the prompt is not UTF-8 text (byte 3); --chat needs text\n")
+    _fake_chat_model(monkeypatch, "{{ raise_exception('only user messages') }}")
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "-sys", "x", "-p", "hi")
+    assert rc == 2 and len(seen) == 1 and "only user messages" in err
+
+
+_CHAT = "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog."
+
+
+@pytest.mark.model
+def test_cli_generate_chat_answers_as_serve_does(capsys):
+    import ngramcache.integrations.llama as nl
+    from ngramcache.cli.main import main
+    from ngramcache.models import model_path
+    from ngramcache.serving.engine import Engine, Job
+
+    pytest.importorskip("llama_cpp")
+    try:
+        path = model_path("smollm2")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    base = ["generate", "-m", "smollm2", "-p", _CHAT, "-n", "96", "-c", "1024"]
+    assert main(base + ["--chat", "--no-draft", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    # a real answer, ended by the template's end of turn rather than by -n
+    assert plain["text"].strip() and plain["stop_reason"] == "eos" and plain["chat"] is True
+    assert main(base + ["--no-draft", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] != plain["text"]  # the raw prompt reads otherwise
+
+    engine = Engine(nl.make_llama(path, n_ctx=1024), drafter=None, adaptive=False)
+    try:
+        messages = [{"role": "user", "content": _CHAT}]
+        served = engine.run(Job(prompt=engine.tokenize(engine.chat_template.render(messages)), max_tokens=96))
+    finally:
+        engine.close()
+    assert served.text == plain["text"] and served.n_prompt == plain["n_prompt"]
+
+    assert main(base + ["-sys", "Answer in French.", "--no-draft"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("\n\n<|im_start|>system\nAnswer in French.<|im_end|>\n<|im_start|>user\n" + _CHAT)
+    assert "You are a helpful AI assistant" not in out  # the template's own system message gives way
+
+
+@pytest.mark.model
+def test_cli_generate_chat_drafts_change_nothing(capsys):
+    from ngramcache.drafters.catalog import DRAFTERS
+    from ngramcache.cli.main import main
+
+    pytest.importorskip("llama_cpp")
+    base = ["generate", "-m", "smollm2", "--chat", "-p", _CHAT, "-n", "48", "-c", "1024", "--json"]
+    try:
+        assert main(base + ["--no-draft"]) == 0
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    plain = json.loads(capsys.readouterr().out)
+    accepted = 0
+    # --fixed-draft: every proposal verified whole, and no run waits on measuring verify costs
+    for flags in [["--drafter", name, "--fixed-draft"] for name in DRAFTERS]:
+        assert main(base + flags) == 0, flags
+        out = json.loads(capsys.readouterr().out)
+        assert (out["text"], out["n_decoded"], out["stop_reason"]) == (plain["text"], plain["n_decoded"],
+                                                                       plain["stop_reason"]), flags
+        accepted += out["n_accept"]
+    assert accepted > 0  # the drafts were verified, not all refused

@@ -6,7 +6,8 @@ import os
 import sys
 import time
 
-from ngramcache.cli._common import UsageError, add_output_flags, check_output_path, check_ranges, command_parser, emit
+from ngramcache.cli._common import (InputError, UsageError, add_output_flags, check_output_path, check_ranges,
+                                    command_parser, emit)
 from ngramcache.cli._drafters import add_drafter_flags, drafter_options
 from ngramcache.cli._inputs import add_prompt_input, add_threads_flag, read_prompt
 
@@ -27,8 +28,15 @@ damaged past its header still opens (and drafts what it holds); a lookup.bin is 
 and its structure checked, but it has no checksum. 'ngramcache info --verify FILE' checks
 every section's checksum of a .ngst.
 
+--chat wraps the prompt as one user message in the model's own chat template (its GGUF's,
+or --chat-template-file's), as serve's chat endpoint does; -sys adds a system message
+before it. The template's end-of-turn tokens end the answer; the rendered prompt is what
+is echoed and what the figures count.
+
 examples:
   python -m ngramcache generate -p "def fib(n):" -n 64
+  python -m ngramcache generate -m smollm2 --chat -p "Name three prime numbers." --color
+  python -m ngramcache generate -m smollm2 -sys "Answer in one sentence." -p "What is a prime?"
   python -m ngramcache generate -m model.gguf -f prompt.txt -lcs corpus.ngst -lcd dyn.bin --color
   python -m ngramcache generate -f prompt.txt --no-draft        # plain decoding, to compare
   python -m ngramcache generate -f prompt.txt --drafter suffix
@@ -63,6 +71,14 @@ def add_parser(sub) -> None:
     p.add_argument("--no-copy", action="store_true",
                    help="the same as --drafter lookup: llama.cpp's lookup drafts only (no copies of earlier spans)")
     p.add_argument("--no-prompt", action="store_true", help="do not echo the prompt")
+    p.add_argument("--chat", action="store_true",
+                   help="send the prompt as one user message in the model's chat template (as serve's "
+                        "chat endpoint does); the template's end-of-turn tokens end the answer")
+    p.add_argument("-sys", "--system", "--system-prompt", metavar="TEXT", dest="system",
+                   help="a system message before the prompt (implies --chat); escape sequences are "
+                        "processed unless --no-escape")
+    p.add_argument("--chat-template-file", metavar="FNAME",
+                   help="a Jinja2 chat template to use instead of the one in the model's GGUF (implies --chat)")
     from ngramcache.drafters.catalog import DEFAULT_DRAFTER
 
     add_drafter_flags(p, DEFAULT_DRAFTER, "what drafts")
@@ -94,6 +110,7 @@ def run(args) -> int:
     if args.lookup_cache_dynamic:
         check_output_path(args.lookup_cache_dynamic)  # written after the generation
     prompt = read_prompt(args)
+    messages, template = _chat_request(args, prompt)
     model = model_path(args.model)
 
     t0 = time.perf_counter()
@@ -105,6 +122,9 @@ def run(args) -> int:
 
     llm = nl.make_llama(model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads)
     backend = nl.LlamaBackend.of(llm)
+    shown = prompt.decode("utf-8", errors="replace")
+    if messages is not None:
+        prompt, shown = _chat_prompt(llm, messages, template)
     drafter = None
     if not args.no_draft:
         costs = None  # --fixed-draft: every proposal verified whole, as llama-lookup does
@@ -119,7 +139,7 @@ def run(args) -> int:
     out = sys.stdout
     show = not args.json
     if show and not args.no_prompt:
-        out.write("\n\n" + prompt.decode("utf-8", errors="replace"))
+        out.write("\n\n" + shown)
         out.flush()
     sink = TextSink(backend)
 
@@ -151,6 +171,7 @@ def run(args) -> int:
         "steps": r.steps, "stop_reason": r.stop_reason,
         "adaptive": drafter is not None and getattr(drafter, "gate", None) is not None,
         "drafter": args.drafter if drafter is not None else None,
+        "chat": messages is not None,
     }
     # llama-lookup's closing block, on stderr as llama.cpp logs it
     speeds = (f"encoded {r.n_prompt:4d} tokens in {r.t_prompt:8.3f} seconds, speed: "
@@ -163,3 +184,44 @@ def run(args) -> int:
             ("t_verify", f"{r.t_verify * 1e3:.2f} ms in {r.steps} steps"), ("n_accept", str(r.accepted)),
             ("accept", f"{figures['accept']:.3f}%" if r.drafted else "-")]
     return emit(args, {"text": r.text, **figures}, title=speeds, rows=rows, indent="", sep=" = ", file=sys.stderr)
+
+
+def _chat_request(args, prompt: bytes) -> tuple[list[dict] | None, str | None]:
+    """The messages --chat sends (None without it) and the template --chat-template-file
+    gives; read before the model loads, so that bad text or a missing file fails at once."""
+    from ngramcache.corpus.text import prompt_text
+
+    if not (args.chat or args.system is not None or args.chat_template_file):
+        return None, None
+    messages = []
+    if args.system is not None:
+        messages.append({"role": "system", "content": _text(prompt_text(args.system, escape=not args.no_escape),
+                                                             "the system message (-sys)")})
+    messages.append({"role": "user", "content": _text(prompt, "the prompt")})
+    template = None
+    if args.chat_template_file:
+        with open(args.chat_template_file, encoding="utf-8") as f:
+            template = f.read()
+    return messages, template
+
+
+def _text(raw: bytes, what: str) -> str:
+    # a chat template renders text: bytes that are not UTF-8 have no message to go in
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} is not UTF-8 text (byte {e.start}); --chat needs text") from None
+
+
+def _chat_prompt(llm, messages: list[dict], template: str | None):
+    """(token ids, text) of ``messages`` rendered by the chat template, tokenized as serve does."""
+    from ngramcache.serving.chat_template import ChatTemplate
+
+    chat = ChatTemplate.of(llm, template)
+    if chat is None:
+        raise InputError("this model has no chat template in its GGUF; give one with --chat-template-file")
+    try:
+        text = chat.render(messages)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    return chat.tokenize(llm, text), text

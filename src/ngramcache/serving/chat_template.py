@@ -30,6 +30,15 @@ class ChatTemplate:
 
         return cls(template, text(llm.token_bos()), text(llm.token_eos()))
 
+    def tokenize(self, llm, text: str):
+        """``text`` (a rendered prompt) as ``llm``'s token ids (int32), as serve reads it:
+        special tokens parsed, and a BOS added only where the text does not already start
+        with the one the template writes."""
+        import numpy as np
+
+        add_bos = not (self.bos_token and text.startswith(self.bos_token))
+        return np.asarray(llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True), dtype=np.int32)
+
     def render(self, messages: list[dict]) -> str:
         """The prompt for ``messages`` (``role`` and ``content`` each), ending where the
         assistant's answer starts. A template error is a ValueError."""
