@@ -41,7 +41,8 @@ examples:
   python -m ngramcache generate -f prompt.txt --no-draft        # plain decoding, to compare
   python -m ngramcache generate -f prompt.txt --drafter suffix
 
-exit status: 0 ok, 1 missing/unreadable file or missing llama-cpp-python, 2 bad arguments.
+exit status: 0 ok, 1 missing/unreadable file or missing llama-cpp-python, 2 bad arguments, an
+empty prompt, or --chat on a model without a chat template.
 """
 
 
