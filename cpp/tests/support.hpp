@@ -17,6 +17,7 @@
 #include "check.hpp"
 #include "ngramcache/cache.hpp"
 #include "ngramcache/ngram.hpp"
+#include "ngramcache/replay.hpp"
 
 namespace test {
 
@@ -46,6 +47,14 @@ inline Tokens repeated_phrase(std::mt19937& rng, size_t phrase_len, int repeats,
 }
 
 inline ngramcache::Ngram key_of(const Key& k) { return ngramcache::Ngram(k.data(), static_cast<int>(k.size())); }
+
+// Replay options with the two sizes a test chooses; the rest at their defaults.
+inline ngramcache::ReplayOptions replay_options(size_t n_ctx, size_t n_draft) {
+    ngramcache::ReplayOptions o;
+    o.n_ctx = n_ctx;
+    o.n_draft = n_draft;
+    return o;
+}
 
 #ifndef __GLIBCXX__
 #error "the reference reads llama.cpp's tie order from real libstdc++ unordered_maps"

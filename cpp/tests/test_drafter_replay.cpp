@@ -6,17 +6,12 @@
 #include <vector>
 
 #include "check.hpp"
+#include "support.hpp"
 #include "ngramcache/drafter_replay.hpp"
 
 using namespace ngramcache;
 using I64s = std::vector<int64_t>;
-
-static ReplayOptions opts(size_t n_ctx, size_t n_draft) {
-    ReplayOptions o;
-    o.n_ctx = n_ctx;
-    o.n_draft = n_draft;
-    return o;
-}
+using test::replay_options;
 
 // Proposes `k` copies of the newest token it was shown; records what it saw.
 struct RepeatLast {
@@ -45,7 +40,7 @@ TEST(counts_worked_out_by_hand) {
     //   seen 5 5 5 7  propose 7 7: text 7 -> 1 accepted, chunk full (n_new = 1)
     const std::vector<token_t> text = {5, 5, 5, 7, 7, 9};
     RepeatLast d;
-    auto r = replay_drafter(d, text.data(), text.size(), opts(5, 2));
+    auto r = replay_drafter(d, text.data(), text.size(), replay_options(5, 2));
     CHECK_EQ(r.n_chunks, 1);
     CHECK_EQ(r.n_steps, 2);
     CHECK_EQ(r.n_drafted, 4);
@@ -63,7 +58,7 @@ TEST(each_chunk_is_a_request_and_the_drafter_sees_the_text_exactly) {
     for (int i = 0; i < 103; ++i) text.push_back((i * 7) % 5);
     RepeatLast d;
     d.k = 3;
-    auto r = replay_drafter(d, text.data(), text.size(), opts(25, 3));
+    auto r = replay_drafter(d, text.data(), text.size(), replay_options(25, 3));
     CHECK_EQ(r.n_chunks, 4);  // 4 x 25 = 100 < 103
     CHECK_EQ(d.resets, 4);
     // after the last chunk the drafter holds exactly that chunk
@@ -80,7 +75,7 @@ TEST(nothing_proposed_means_one_token_per_step) {
     std::vector<token_t> text(50, 1);
     RepeatLast d;
     d.k = 0;
-    auto r = replay_drafter(d, text.data(), text.size(), opts(10, 4));
+    auto r = replay_drafter(d, text.data(), text.size(), replay_options(10, 4));
     CHECK_EQ(r.n_chunks, 4);  // (50 - 1) / 10
     CHECK_EQ(r.n_steps, 4 * 9);
     CHECK_EQ(r.n_drafted, 0);
@@ -90,7 +85,7 @@ TEST(nothing_proposed_means_one_token_per_step) {
 TEST(a_text_of_one_chunk_or_less_replays_nothing) {
     std::vector<token_t> text(10, 1);
     RepeatLast d;
-    auto r = replay_drafter(d, text.data(), text.size(), opts(10, 2));
+    auto r = replay_drafter(d, text.data(), text.size(), replay_options(10, 2));
     CHECK_EQ(r.n_chunks, 0);
     CHECK_EQ(d.resets, 0);
 }
@@ -98,8 +93,8 @@ TEST(a_text_of_one_chunk_or_less_replays_nothing) {
 TEST(bad_options_throw) {
     std::vector<token_t> text(10, 1);
     RepeatLast d;
-    CHECK_THROWS_AS(replay_drafter(d, text.data(), text.size(), opts(1, 2)), InputError, "n_ctx");
-    CHECK_THROWS_AS(replay_drafter(d, text.data(), text.size(), opts(4, kMaxReplayDraft + 1)), InputError, "n_draft");
+    CHECK_THROWS_AS(replay_drafter(d, text.data(), text.size(), replay_options(1, 2)), InputError, "n_ctx");
+    CHECK_THROWS_AS(replay_drafter(d, text.data(), text.size(), replay_options(4, kMaxReplayDraft + 1)), InputError, "n_draft");
 }
 
 TEST(progress_reaches_the_total) {
@@ -107,7 +102,7 @@ TEST(progress_reaches_the_total) {
     RepeatLast d;
     int64_t last_done = -1, last_total = -1;
     int calls = 0;
-    replay_drafter(d, text.data(), text.size(), opts(1000, 4), [&](int64_t done, int64_t total) {
+    replay_drafter(d, text.data(), text.size(), replay_options(1000, 4), [&](int64_t done, int64_t total) {
         CHECK(done >= last_done);
         last_done = done;
         last_total = total;

@@ -136,9 +136,7 @@ TEST(replays_in_the_core) {
     std::mt19937 rng(5);
     const Tokens text = test::repeated_phrase(rng, 40, 30, 10, 50);
     LookupDrafter d;
-    ReplayOptions opt;
-    opt.n_ctx = 512;
-    opt.n_draft = 8;
+    const ReplayOptions opt = test::replay_options(512, 8);
     const auto r = replay_drafter(d, text.data(), text.size(), opt);
     CHECK_EQ(r.n_chunks, 2);
     CHECK(r.n_accept > r.n_steps);  // the repeated phrase is drafted from the context cache

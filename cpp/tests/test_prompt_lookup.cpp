@@ -115,9 +115,7 @@ TEST(replays_in_the_core) {
         text.push_back(static_cast<token_t>(100 + i));
     }
     PromptLookupDrafter d(3, 1);
-    ReplayOptions opt;
-    opt.n_ctx = 600;
-    opt.n_draft = 10;
+    const ReplayOptions opt = test::replay_options(600, 10);
     const auto r = replay_drafter(d, text.data(), text.size(), opt);
     CHECK_EQ(r.n_chunks, 2);
     CHECK(r.n_accept > 2 * r.n_steps);

@@ -15,13 +15,7 @@
 using namespace ngramcache;
 using test::Tokens;
 using I64s = std::vector<int64_t>;
-
-static ReplayOptions opts(size_t n_ctx, size_t n_draft) {
-    ReplayOptions o;
-    o.n_ctx = n_ctx;
-    o.n_draft = n_draft;
-    return o;
-}
+using test::replay_options;
 
 // The context cache of one chunk as replay grows it: one token at a time.
 static void grow_context(NgramCache& c, const token_t* chunk, size_t n) {
@@ -50,7 +44,7 @@ static I64s arr(const int64_t* a, int n) { return I64s(a, a + n); }
 TEST(hand_counted_stream) {
     const Tokens s = {1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 4};
     NgramCache dyn;
-    const ReplayResult r = replay(s.data(), s.size(), opts(9, 3), dyn, NoStatic{});
+    const ReplayResult r = replay(s.data(), s.size(), replay_options(9, 3), dyn, NoStatic{});
     CHECK_EQ(r.n_input, int64_t(19));
     CHECK_EQ(r.n_ctx, int64_t(9));
     CHECK_EQ(r.n_draft, int64_t(3));
@@ -88,7 +82,7 @@ TEST(rejected_drafts_and_the_static_source) {
     NgramCache st;
     st.get_or_insert(Ngram::of2(1, 2)).add(7, 5);
     NgramCache dyn;
-    const ReplayResult r = replay(s.data(), s.size(), opts(6, 2), dyn, CacheAsStatic{&st});
+    const ReplayResult r = replay(s.data(), s.size(), replay_options(6, 2), dyn, CacheAsStatic{&st});
     // [1] nothing; [1 2] static 7, then (2 7) unknown: 1 drafted, 0 accepted, 3 sampled;
     // [1 2 3] nothing; [.. 3 1] (1) -> 2 x1 fails, static absent: nothing; 2 sampled;
     // [.. 1 2] (1 2) -> 3 x1 fails (sample 2), static 7 again: rejected, 3 sampled.
@@ -120,7 +114,7 @@ TEST(final_chunk_is_skipped_unless_a_token_follows) {
     for (const Case& c : cases) {
         check::note() = "n_input " + std::to_string(c.n_input) + " n_ctx " + std::to_string(c.n_ctx);
         NgramCache dyn;
-        const ReplayResult r = replay(s.data(), c.n_input, opts(c.n_ctx, 2), dyn, NoStatic{});
+        const ReplayResult r = replay(s.data(), c.n_input, replay_options(c.n_ctx, 2), dyn, NoStatic{});
         CHECK_EQ(r.n_chunks, c.chunks);
         CHECK_EQ(r.overlap_positions, c.chunks * int64_t(c.n_ctx) > 2 ? c.chunks * int64_t(c.n_ctx) - 2 : 0);
         // Each replayed chunk contributed its own observations, nothing beyond them.
@@ -142,11 +136,11 @@ TEST(final_chunk_is_skipped_unless_a_token_follows) {
 TEST(bad_options_throw) {
     const Tokens s = {1, 2, 3};
     NgramCache dyn;
-    CHECK_THROWS_AS(replay(s.data(), s.size(), opts(1, 3), dyn, NoStatic{}), InputError, "n_ctx must be >= 2, got 1");
-    CHECK_THROWS_AS(replay(s.data(), s.size(), opts(0, 3), dyn, NoStatic{}), InputError, "n_ctx must be >= 2, got 0");
-    CHECK_THROWS_AS(replay(s.data(), s.size(), opts(4, 65537), dyn, NoStatic{}), InputError,
+    CHECK_THROWS_AS(replay(s.data(), s.size(), replay_options(1, 3), dyn, NoStatic{}), InputError, "n_ctx must be >= 2, got 1");
+    CHECK_THROWS_AS(replay(s.data(), s.size(), replay_options(0, 3), dyn, NoStatic{}), InputError, "n_ctx must be >= 2, got 0");
+    CHECK_THROWS_AS(replay(s.data(), s.size(), replay_options(4, 65537), dyn, NoStatic{}), InputError,
                     "n_draft must be <= 65536, got 65537");
-    const ReplayResult r = replay(s.data(), s.size(), opts(2, 0), dyn, NoStatic{});
+    const ReplayResult r = replay(s.data(), s.size(), replay_options(2, 0), dyn, NoStatic{});
     CHECK_EQ(r.n_drafted, int64_t(0));
     CHECK_EQ(r.n_steps, int64_t(1));
     CHECK_EQ(r.draft_length_hist, I64s{1});
@@ -166,8 +160,8 @@ TEST(figures_are_consistent_on_random_streams) {
         const StaticTable table = StaticTable::build(corpus.data(), corpus.size(), 2);
         NgramCache dyn_copy;
         dyn_copy.merge(dyn);
-        const ReplayResult r = replay(s.data(), s.size(), opts(n_ctx, n_draft), dyn, CacheAsStatic{&st});
-        const ReplayResult t = replay(s.data(), s.size(), opts(n_ctx, n_draft), dyn_copy, table);
+        const ReplayResult r = replay(s.data(), s.size(), replay_options(n_ctx, n_draft), dyn, CacheAsStatic{&st});
+        const ReplayResult t = replay(s.data(), s.size(), replay_options(n_ctx, n_draft), dyn_copy, table);
         // The table and the cache it matches give the same replay.
         CHECK_EQ(r.n_drafted, t.n_drafted);
         CHECK_EQ(r.n_accept, t.n_accept);
@@ -224,7 +218,7 @@ TEST(progress_is_reported_and_can_stop_the_replay) {
     {
         NgramCache dyn;
         const Tokens small(s.begin(), s.begin() + 3001);
-        replay(small.data(), small.size(), opts(1000, 1), dyn, NoStatic{},
+        replay(small.data(), small.size(), replay_options(1000, 1), dyn, NoStatic{},
                [&](int64_t done, int64_t total) { calls.emplace_back(done, total); });
         CHECK_EQ(calls.size(), size_t(1));  // only the final report below 100000 tokens
         CHECK_EQ(calls[0].first, int64_t(3000));
@@ -232,7 +226,7 @@ TEST(progress_is_reported_and_can_stop_the_replay) {
     }
     calls.clear();
     NgramCache dyn;
-    CHECK_THROWS_AS(replay(s.data(), s.size(), opts(1000, 1), dyn, NoStatic{},
+    CHECK_THROWS_AS(replay(s.data(), s.size(), replay_options(1000, 1), dyn, NoStatic{},
                            [&](int64_t done, int64_t total) {
                                calls.emplace_back(done, total);
                                throw std::runtime_error("stopped by the user");

@@ -275,9 +275,7 @@ TEST(adapter_replays_like_the_plain_drafter_per_step) {
     std::mt19937 rng(6);
     const Tokens s = repetitive(rng, 3000, 3);
     SequenceAdapter<NgramSimple> seq(2, 6);
-    ReplayOptions o;
-    o.n_ctx = 2999;
-    o.n_draft = 6;
+    const ReplayOptions o = test::replay_options(2999, 6);
     auto r = replay_drafter(seq, s.data(), s.size(), o);
     CHECK(r.n_drafted > 0);
     CHECK(r.n_accept > 0);

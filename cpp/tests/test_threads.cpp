@@ -192,9 +192,7 @@ Output work(int i, Fixed& f, Shared& s, int rounds) {
         // replays: the shared dynamic cache only read, a private copy updated, and the
         // shared target updated (its final counts are compared)
         const Tokens chunk(text.begin() + 2000 * ((i + r) % 4), text.begin() + 2000 * ((i + r) % 4) + 1601);
-        ReplayOptions opt;
-        opt.n_ctx = 800;
-        opt.n_draft = 8;
+        const ReplayOptions opt = test::replay_options(800, 8);
         out.replays.push_back(figures(replay_shared(chunk.data(), chunk.size(), opt, {nullptr, &f.table}, &f.dynamic, false)));
         SharedCache mine;
         merge_shared(mine, f.dynamic);
@@ -306,9 +304,7 @@ TEST(drafters_share_a_suffix_store_and_a_mod_table) {
     auto table = std::make_shared<NgramModTable>(1 << 16);
     std::atomic<bool> stop{false};
     Threads drafters, reader;
-    ReplayOptions opt;
-    opt.n_ctx = 1000;
-    opt.n_draft = 8;
+    const ReplayOptions opt = test::replay_options(1000, 8);
     for (int i = 0; i < 3; ++i)
         drafters.start([&, i] {
             SuffixDrafter d(16, 4.0, 0.1, store);

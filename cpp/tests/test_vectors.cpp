@@ -202,9 +202,7 @@ TEST(replay_matches_llama_lookup_stats) {
     // README, "Tool-level numbers": -c 4096 --spec-draft-n-max 8.
     const Tokens prose = tokens("prose.tokens.i32");
     const auto st = load("static-small.lcs.bin");
-    ReplayOptions o;
-    o.n_ctx = 4096;
-    o.n_draft = 8;
+    const ReplayOptions o = test::replay_options(4096, 8);
     NgramCache none;
     ReplayResult r = replay(prose.data(), prose.size(), o, none, NoStatic{});
     CHECK_EQ(r.n_chunks, int64_t(14));
