@@ -98,7 +98,7 @@ def one_at_a_time(model, ids: torch.Tensor, n: int) -> tuple[list[int], torch.Te
         tokens.append(int(rows[-1].argmax()))
         if i == n - 1:
             break
-        out = forward(model, torch.tensor([[tokens[-1]]]), out)
+        out = forward(model, torch.tensor([[tokens[-1]]], device=ids.device), out)
         rows.append(out.logits[0, -1].clone())
     return tokens, torch.stack(rows)
 
@@ -109,7 +109,7 @@ def in_chunks(model, ids: torch.Tensor, tokens: list[int], chunk: int) -> torch.
     out = forward(model, ids)
     rows = [out.logits[0, -1].clone()]
     for s in range(0, len(tokens) - 1, chunk):
-        out = forward(model, torch.tensor([tokens[s : min(s + chunk, len(tokens) - 1)]]), out)
+        out = forward(model, torch.tensor([tokens[s : min(s + chunk, len(tokens) - 1)]], device=ids.device), out)
         rows.extend(out.logits[0].clone())
     return torch.stack(rows)
 
