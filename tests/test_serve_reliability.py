@@ -228,14 +228,14 @@ def _sigterm(s: Server) -> tuple[int, float]:
     return rc, time.monotonic() - t0
 
 
-PROMPT_PASS = 1500  # tokens: with -b 32, a prompt pass of 47 decodes
+PROMPT_PASS = 1900  # tokens: with -b 16, a prompt pass of 119 decodes
 
 
 def test_sigterm_in_the_prompt_pass_stops_it_at_its_next_batch(tmp_path, vocab):
     path = tmp_path / "memory.bin"
     # small batches: the prompt pass is many decodes, and a stop is taken between two of them;
     # no grace, so the stop comes at once rather than after the prompt pass on a fast machine
-    s = Server(FIXED, "--memory", str(path), "--shutdown-timeout", "0", "-b", "32")
+    s = Server(FIXED, "--memory", str(path), "--shutdown-timeout", "0", "-b", "16")
     answer = {}
     try:
         _chat(s.client(), [{"role": "user", "content": "Say hi."}], max_tokens=8)  # something to remember
