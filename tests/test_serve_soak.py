@@ -1,8 +1,9 @@
 """A soak of `ngramcache serve`: one real server process (the packaged SmolLM2, a memory file
 saved often, a small body limit) under two concurrent clients for a bounded time
-(NGRAMCACHE_SOAK_SECONDS, default 240 s of load), sending a mix of chat and completion
-requests, streamed or not, some cancelled mid-stream, with every registered drafter, prompt
-caching on and off, and bad input of every documented kind. Checked: every status is a
+(NGRAMCACHE_SOAK_SECONDS, default 240 s of load, longer only until every kind of request below
+was sent once), sending a mix of chat and completion requests, streamed or not, some
+cancelled mid-stream, with every registered drafter, prompt caching on and off, and bad input
+of every documented kind. Checked: every status is a
 documented one with its documented error body, the server's RSS stays flat after warm-up,
 greedy probe requests sent during the load answer what they answered alone, and a SIGKILL
 during the saves leaves a memory file that the next server loads. `pytest -s` shows the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import http.client
+import itertools
 import json
 import os
 import random
@@ -40,6 +42,8 @@ SAVE_INTERVAL_MIN = 0.02  # 1.2 s: the memory is saved between requests all thro
 # request passes it within the run.
 RSS_GROWTH_MIB = 32
 DOCUMENTED = {200, 400, 404, 413, 422, 503}  # docs/serve.md, "Errors"
+# what a client does, a round at a time in a shuffled order: every kind comes early in the run
+OPS = ["chat", "chat", "completion", "completion", "cancel", "cancel_raw", "bad", "bad"]
 
 TOPICS = ["a stack", "a queue", "binary search", "a linked list", "bubble sort", "a counter", "fizzbuzz",
           "a timer", "a set", "a trie"]
@@ -128,7 +132,14 @@ class Soak:
         self.probe_answers: list[tuple[int, str]] = []
         self.failures: list[str] = []
         self.lock = threading.Lock()
-        self.drafting = _drafting_choices()
+        # taken in turn by both clients, so that every drafter (and every bad input) comes
+        # within the first few rounds
+        self.n_drafting = len(_drafting_choices())
+        self.drafting = itertools.cycle(_drafting_choices())
+        self.bad_inputs = itertools.cycle(BAD)
+        self.ops_done: collections.Counter = collections.Counter()
+        self.drafters_used: collections.Counter = collections.Counter()
+        self.bad_sent: set[int] = set()
 
     def count(self, kind: str, status: int | None) -> None:
         with self.lock:
@@ -140,24 +151,42 @@ class Soak:
         with self.lock:
             self.failures.append(what)
 
+    def covered(self) -> bool:
+        """Whether every kind of request, drafting choice and bad input was sent."""
+        with self.lock:
+            return (set(self.ops_done) == set(OPS) and len(self.drafters_used) == self.n_drafting
+                    and len(self.bad_sent) == len(BAD))
+
+    def next_of(self, turns):
+        with self.lock:
+            return next(turns)
+
     def run_client(self, index: int) -> None:
         rng = random.Random(1000 + index)
         client = self.server.client(timeout=600)
         n = 0
-        while time.monotonic() < self.deadline and len(self.failures) < 20:
+        schedule: list[str] = []
+        # past the deadline only until every kind was sent once (a few rounds)
+        while (time.monotonic() < self.deadline or not self.covered()) and len(self.failures) < 20:
             n += 1
             try:
                 if index == 0 and n % 6 == 0:
                     self.probe(n // 6)
                     continue
-                op = rng.choice(["chat", "chat", "completion", "completion", "cancel", "cancel_raw", "bad", "bad"])
+                if not schedule:
+                    schedule = rng.sample(OPS, len(OPS))
+                op = schedule.pop()
                 getattr(self, op)(client, rng)
+                with self.lock:
+                    self.ops_done[op] += 1
             except Exception as e:  # every request must end in a documented answer
                 self.fail(f"client {index} request {n}: {type(e).__name__}: {e}")
 
     def _options(self, rng: random.Random) -> dict:
         extra = {"cache_prompt": rng.random() < 0.5}
-        spec = rng.choice(self.drafting)
+        spec = self.next_of(self.drafting)
+        with self.lock:
+            self.drafters_used[json.dumps(spec)] += 1
         if spec is not None:
             spec = dict(spec)
             if "drafter" in spec and rng.random() < 0.5:
@@ -241,7 +270,12 @@ class Soak:
             conn.close()
 
     def bad(self, client, rng) -> None:
-        path, body, status, code, param = rng.choice(BAD)
+        for _ in range(3):  # cheap: a few at a time
+            self._bad(*self.next_of(self.bad_inputs))
+
+    def _bad(self, path, body, status, code, param) -> None:
+        with self.lock:
+            self.bad_sent.add(BAD.index((path, body, status, code, param)))
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         if len(raw) > MAX_BODY:
             # announced by its Content-Length and refused before it is sent (100-continue)
@@ -351,8 +385,10 @@ def test_soak_two_clients_every_kind_of_request(tmp_path):
           f"{dict(sorted(soak.statuses.items()))}, kinds {dict(sorted(soak.kinds.items()))}, "
           f"{len(soak.probe_answers)} probes under load; RSS start {rss_start / 1024:.0f} MiB, at 25% "
           f"{warm / 1024:.0f} MiB, end {end / 1024:.0f} MiB, peak {max(s[1] for s in samples) / 1024:.0f} MiB; "
-          f"cancelled by the engine {cancelled:.0f}; killed during a save: {mid_save}")
+          f"cancelled by the engine {cancelled:.0f}; {len(soak.bad_sent)} of {len(BAD)} bad inputs sent; "
+          f"{len(soak.drafters_used)} drafting choices used; killed during a save: {mid_save}")
     assert not soak.failures, soak.failures
+    assert soak.covered(), (soak.ops_done, soak.drafters_used, soak.bad_sent)
     assert set(soak.statuses) <= DOCUMENTED and 500 not in soak.statuses, soak.statuses
     assert health["queued"] == 0 and not health["busy"], health
     assert saves_failed == 0
