@@ -174,3 +174,24 @@ def test_gated_drafter_builds_the_named_drafter_with_a_gate_on_the_costs():
         gated_drafter([1.0], "pld", static=object())
     with pytest.raises(ValueError, match="n_draft"):
         gated_drafter([1.0], n_draft=-1)
+
+
+def test_calibration_stops_at_its_budget_and_the_result_is_not_kept(monkeypatch):
+    from types import SimpleNamespace
+
+    from ngramcache.decoding import costs as costs_mod
+
+    clock = [0.0]
+    monkeypatch.setattr(costs_mod, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    calls = []
+    rng = np.random.default_rng(0)
+
+    def time_batch(k):  # a busy machine: every batch takes a second of the clock, timings all over
+        clock[0] += 1.0
+        calls.append(k)
+        return 0.01 * k * (1 + 3 * rng.random())
+
+    cal = costs_mod.calibrate(time_batch, 17, progress=False, budget=30.0)
+    n_sizes = len(costs_mod.batch_sizes(17))
+    assert cal.rounds == costs_mod.MIN_ROUNDS or cal.rounds * n_sizes <= 30 + n_sizes
+    assert cal.noisy and len(calls) < (2 * 5 + 1) * n_sizes  # fewer than the unbudgeted ten rounds

@@ -11,22 +11,22 @@ from ngramcache.decoding.gate import expected_rate
 
 
 def test_gate_skips_when_verification_is_dear_and_drafts_are_poor():
-    g = AdaptiveGate([1.0, 1.9, 2.8, 3.7], prior=(1, 4))
+    g = AdaptiveGate([1.0, 1.9, 2.8, 3.7], prior=(1, 4), priors=None)
     s = g.state(3, 2)
     assert g.choose(s, 3) == 0
     # cheap verification: even a poor draft pays
-    g2 = AdaptiveGate([1.0, 1.02, 1.04, 1.06], prior=(1, 4))
+    g2 = AdaptiveGate([1.0, 1.02, 1.04, 1.06], prior=(1, 4), priors=None)
     assert g2.choose(s, 3) == 2  # p = 0.2: E = 1.2, 1.24, 1.248 over cost 1.02, 1.04, 1.06
-    g3 = AdaptiveGate([1.0, 1.0, 1.0, 1.0], prior=(1, 4))
+    g3 = AdaptiveGate([1.0, 1.0, 1.0, 1.0], prior=(1, 4), priors=None)
     assert g3.choose(s, 3) == 3  # free verification: take everything
-    g4 = AdaptiveGate([1.0, 1.1], prior=(1, 4), min_gain=0.1)
+    g4 = AdaptiveGate([1.0, 1.1], prior=(1, 4), min_gain=0.1, priors=None)
     assert g4.choose(s, 1) == 0  # 1.2 / 1.1 = 1.09 does not beat plain by 10%
-    assert AdaptiveGate([1.0, 1.1], prior=(1, 4), min_gain=0.0).choose(s, 1) == 1
+    assert AdaptiveGate([1.0, 1.1], prior=(1, 4), min_gain=0.0, priors=None).choose(s, 1) == 1
 
 
 def test_gate_learns_and_draft_length_follows_acceptance():
     costs = [1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8, 3.1, 3.4]
-    g = AdaptiveGate(costs, prior=(1, 4))
+    g = AdaptiveGate(costs, prior=(1, 4), priors=None)
     s = g.state(8, 1)
     assert g.choose(s, 8) == 0
     for _ in range(50):
@@ -43,7 +43,7 @@ def test_gate_learns_and_draft_length_follows_acceptance():
 
 def test_gate_carry_forward_extends_drafts_that_have_been_right():
     costs = [1.0] + [1.2 + 0.02 * k for k in range(1, 33)]  # long batches cost little more
-    plain, carry = AdaptiveGate(costs), AdaptiveGate(costs, carry_forward=True)
+    plain, carry = AdaptiveGate(costs, priors=None), AdaptiveGate(costs, carry_forward=True, priors=None)
     for g in (plain, carry):
         s = g.state(8, 1, source=1)
         for _ in range(6):
@@ -52,8 +52,8 @@ def test_gate_carry_forward_extends_drafts_that_have_been_right():
     assert carry.choose(s, 32) > 16  # positions 5.. take position 4's estimate
     assert plain.choose(s, 32) < 12  # positions 5.. keep the prior (1/3)
     # where nothing has been reached both start from the prior
-    fresh = AdaptiveGate(costs, carry_forward=True)
-    np.testing.assert_allclose(fresh.probabilities(s, 4), AdaptiveGate(costs).probabilities(s, 4))
+    fresh = AdaptiveGate(costs, carry_forward=True, priors=None)
+    np.testing.assert_allclose(fresh.probabilities(s, 4), AdaptiveGate(costs, priors=None).probabilities(s, 4))
     # a position that turns out wrong holds the drafts back again
     before = carry.choose(s, 32)
     for _ in range(20):
@@ -93,7 +93,7 @@ def test_gated_drafter_learns_while_skipping():
     # dear verification: the gate starts by skipping, but scores its declined
     # proposals against what followed, and starts drafting once they prove right
     seq = np.tile(np.arange(20, dtype=np.int32), 30)
-    g = AdaptiveGate([1.0, 1.6, 2.2, 2.8, 3.4], prior=(1, 4))
+    g = AdaptiveGate([1.0, 1.6, 2.2, 2.8, 3.4], prior=(1, 4), priors=None)
     d = LookupDrafter(n_draft=4, gate=g)
     d.reset(seq[:5])
     n = 5
@@ -119,3 +119,43 @@ def test_gate_bad_arguments():
         AdaptiveGate([1.0], decay=0)
     with pytest.raises(ValueError):
         AdaptiveGate([1.0], prior=(0, 1))
+
+
+def test_priors_draft_a_long_copy_from_the_first_step_and_hold_back_a_short_match():
+    costs = [1.0, 1.6, 2.0, 2.5, 2.9, 3.4, 3.8, 4.3, 4.9]  # a CPU's: verifying 8 tokens costs 4.9 one-token steps
+    g = AdaptiveGate(costs)
+    assert g.choose(g.state(30, 1, source=1), 8) >= 4  # a copy continuing a 30-token match
+    assert g.choose(g.state(1, 2, source=2), 8) == 0  # a suffix match of one token
+    assert g.choose(g.state(2, 0, source=1), 8) == 0  # a 2-token match after a wrong draft
+    flat = AdaptiveGate(costs, priors=None)
+    assert flat.choose(flat.state(30, 1, source=1), 8) == 0  # without priors: 1/3 everywhere
+
+
+def test_the_priors_follow_how_this_text_is_going():
+    costs = [1.0, 1.6, 2.0, 2.5, 2.9, 3.4, 3.8, 4.3, 4.9]
+    g = AdaptiveGate(costs)
+    long_copy = g.state(30, 1, source=1)
+    before = g.probabilities(long_copy, 8)
+    short = g.state(2, 2, source=1)
+    for _ in range(40):
+        g.observe(short, 0, 1)  # other states' drafts keep failing: this text is not copying
+    after = g.probabilities(long_copy, 8)
+    # the first drafted token is what has been scored: its prior is scaled down
+    assert after[0] < 0.5 * before[0] and np.allclose(after[1:], before[1:])
+    assert g.choose(long_copy, 8) == 0 < AdaptiveGate(costs).choose(long_copy, 8)
+
+
+def test_prior_table_is_complete_and_within_zero_and_one():
+    from ngramcache.decoding import gate_priors
+
+    means = gate_priors.prior_means(40)
+    g = AdaptiveGate([1.0, 2.0])
+    assert len(means) == len(g._hits)
+    assert all(0.0 < m < 1.0 for row in means for m in row)
+    assert set(gate_priors.TABLE) == {(s, b, p) for s in range(AdaptiveGate.N_SOURCES)
+                                      for b in range(len(AdaptiveGate._LEN_BUCKETS)) for p in range(3)}
+
+
+def test_priors_must_be_known():
+    with pytest.raises(ValueError, match="priors"):
+        AdaptiveGate([1.0, 2.0], priors="optimistic")

@@ -30,7 +30,7 @@ from ngramcache.decoding.gate import AdaptiveGate, check_costs
 
 __all__ = ["CostKey", "Calibration", "calibrate", "stored_costs", "cost_store_path", "read_costs", "write_costs",
            "batch_sizes", "non_decreasing", "backend_timer", "context_tokens", "extend_costs", "gated_drafter",
-           "MAX_SPREAD", "SHOW_PROGRESS_AFTER"]
+           "MAX_SPREAD", "SHOW_PROGRESS_AFTER", "BUDGET_SECONDS"]
 
 #: the version of the store's keys: v3 keys name the backend and its build (v2 keys, llama.cpp
 #: only, measured the fastest of the repeats; they are left alone and never read)
@@ -41,6 +41,10 @@ STORE_VERSION = "v3"
 MAX_SPREAD = 0.25
 #: a calibration shows its progress on stderr once it has taken this many seconds
 SHOW_PROGRESS_AFTER = 1.5
+#: a calibration starts no new round after this many seconds (once MIN_ROUNDS are done): on a
+#: busy machine more rounds would not make the timings trustworthy, only the wait longer
+BUDGET_SECONDS = 8.0
+MIN_ROUNDS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,14 +156,17 @@ def _spread(samples: np.ndarray) -> np.ndarray:
 
 
 def calibrate(time_batch: Callable[[int], float], max_batch: int, repeats: int = 5, *,
-              max_rounds: int | None = None, max_spread: float = MAX_SPREAD, progress: bool = True) -> Calibration:
+              max_rounds: int | None = None, max_spread: float = MAX_SPREAD, progress: bool = True,
+              budget: float | None = BUDGET_SECONDS) -> Calibration:
     """Time ``time_batch(k)`` (seconds for one verification batch of k tokens) for the
     sizes of :func:`batch_sizes` in interleaved rounds: a warm-up round, then ``repeats``
     rounds, then ``repeats`` more at a time while some size's spread exceeds
     ``max_spread``, up to ``max_rounds`` (default ``2 * repeats``). Each size keeps its
     median; the curve is :func:`non_decreasing` over the sizes, interpolated in between.
-    ``progress``: show a progress line on stderr once it has taken ``SHOW_PROGRESS_AFTER``
-    seconds, and say so there when the timings stayed noisy."""
+    ``budget``: seconds after which no further round is started once ``MIN_ROUNDS`` are
+    done (None: no limit); costs cut short while noisy come back ``noisy``, to be used
+    but not kept. ``progress``: show a progress line on stderr once it has taken
+    ``SHOW_PROGRESS_AFTER`` seconds, and say so there when the timings stayed noisy."""
     from ngramcache.progress import Progress
 
     max_batch = check_int("max_batch", max_batch, 1)
@@ -187,11 +194,16 @@ def calibrate(time_batch: Callable[[int], float], max_batch: int, repeats: int =
 
         round_of_timings()  # a warm-up round: caches, page faults, thread pools
         while True:
-            rows.extend(round_of_timings() for _ in range(repeats))
+            for _ in range(repeats):
+                rows.append(round_of_timings())
+                if budget is not None and len(rows) >= MIN_ROUNDS and time.perf_counter() - t0 > budget:
+                    break
             spread = float(np.max(_spread(np.asarray(rows))))
-            if spread <= max_spread or len(rows) + repeats > max_rounds:
+            over_budget = budget is not None and time.perf_counter() - t0 > budget
+            if spread <= max_spread or len(rows) + repeats > max_rounds or over_budget:
                 break
             bar.total += repeats * len(sizes)
+        bar.total = bar.n  # a budget may end it early: the bar ends full
     samples = np.asarray(rows)
     medians = [float(x) for x in np.median(samples, axis=0)]
     noisy = spread > max_spread

@@ -17,6 +17,11 @@ from ngramcache._validate import check_int
 
 __all__ = ["AdaptiveGate", "check_costs", "expected_rate"]
 
+#: how many expected hits the scaling of the priors by this text's hits counts as already seen
+PRIOR_WEIGHT = 4.0
+#: the highest prior estimate: no draft position is ever taken as certain
+MAX_PRIOR = 0.995
+
 
 def check_costs(costs) -> np.ndarray:
     """``costs`` (``costs[k-1]``: the time to verify k tokens) relative to ``costs[0]``;
@@ -40,14 +45,22 @@ class AdaptiveGate:
     tokens before it were. k = 0 (plain decoding) wins whenever no draft is expected
     to pay for its verification.
 
-    The ``p_j`` are learnt per state (how long the drafter's proposal was, and
-    whether the previous proposal's first token was right), shrunk towards the
-    estimate pooled over states, and decay so that the gate follows changes within a
-    generation. Every proposal is scored against the tokens that really followed,
-    including the proposals the gate declined, so skipping does not stop learning.
-    ``carry_forward=True``: a position no proposal has reached yet is estimated from the
-    furthest position reached, not from the prior, so draft lengths grow at once where
-    long drafts have been right (for verifiers whose long batches are cheap).
+    The ``p_j`` are learnt per state (where the proposal came from, how long the match
+    or proposal was, and whether the previous proposal's first token was right) and
+    decay so that the gate follows changes within a generation. Every proposal is scored
+    against the tokens that really followed, including the proposals the gate declined,
+    so skipping does not stop learning.
+
+    Before a state has been seen, its estimate is its prior. ``priors="default"`` (the
+    default) is a table of how often drafts in each state and at each position were right
+    on a varied set of prompts and models (``ngramcache.decoding.gate_priors``): a copy
+    that continues a 30-token match is drafted long from the first step, a one-token
+    match is not drafted at all. That prior is scaled by how this text is going: the
+    hits seen over all states against the hits the priors expected. ``priors=None``: one
+    flat Beta ``prior`` for every state, shrunk towards the estimate pooled over states;
+    then ``carry_forward=True`` estimates a position no proposal has reached yet from the
+    furthest position reached, so draft lengths grow at once where long drafts have been
+    right (for verifiers whose long batches are cheap).
     """
 
     #: proposal lengths (or match lengths) are bucketed: 1, 2-3, 4-7, 8+
@@ -57,7 +70,8 @@ class AdaptiveGate:
     N_SOURCES = 3
 
     def __init__(self, costs: Sequence[float], decay: float = 0.97, prior: tuple[float, float] = (1.0, 2.0),
-                 shrink: float = 4.0, overhead: float = 0.0, min_gain: float = 0.05, carry_forward: bool = False):
+                 shrink: float = 4.0, overhead: float = 0.0, min_gain: float = 0.05, carry_forward: bool = False,
+                 priors: str | None = "default"):
         self.costs = check_costs(costs)
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
@@ -82,6 +96,16 @@ class AdaptiveGate:
         # (a float32 model on a CPU) the prior would hold drafts back for many steps
         self.carry_forward = bool(carry_forward)
         self.max_len = self.costs.size - 1
+        if priors is None:
+            self._prior_means = None
+        elif priors == "default":
+            from ngramcache.decoding.gate_priors import prior_means
+
+            self._prior_means = prior_means(self.max_len + 1)
+        else:
+            raise ValueError(f"priors must be 'default' or None, got {priors!r}")
+        # the hits the priors expected for the proposals scored so far, decayed as the hits
+        self._pool_expected = [0.0] * (self.max_len + 1)
         n_states = len(self._LEN_BUCKETS) * 3 * self.N_SOURCES
         # hits/trials per (state, position), position j = drafted token j+1. Plain lists:
         # at most a few dozen numbers per step, where numpy's per-call cost would dominate.
@@ -110,6 +134,15 @@ class AdaptiveGate:
         w = self.shrink
         h, t = self._hits[state], self._trials[state]
         ph, pt = self._pool_hits, self._pool_trials
+        if self._prior_means is not None:
+            m, pe = self._prior_means[state], self._pool_expected
+            out = []
+            for j in range(n):
+                # this text against the priors' expectation, shrunk to 1 while little is seen
+                scale = (ph[j] + PRIOR_WEIGHT) / (pe[j] + PRIOR_WEIGHT)
+                target = min(MAX_PRIOR, m[j] * scale)
+                out.append((h[j] + w * target) / (t[j] + w))
+            return out
         if not self.carry_forward:
             return [(h[j] + w * (ph[j] + a) / (pt[j] + a + b)) / (t[j] + w) for j in range(n)]
         out, est = [], a / (a + b)
@@ -147,13 +180,16 @@ class AdaptiveGate:
         tried = start + n_right + (1 if start + n_right < end else 0)
         d = self.decay
         h, t = self._hits[state], self._trials[state]
-        ph, pt = self._pool_hits, self._pool_trials
+        ph, pt, pe = self._pool_hits, self._pool_trials, self._pool_expected
+        m = self._prior_means[state] if self._prior_means is not None else None
         for j in range(start, tried):
             hit = 1.0 if j < start + n_right else 0.0
             h[j] = h[j] * d + hit
             t[j] = t[j] * d + 1.0
             ph[j] = ph[j] * d + hit
             pt[j] = pt[j] * d + 1.0
+            if m is not None:
+                pe[j] = pe[j] * d + m[j]
 
 
 def expected_rate(p: Sequence[float], costs: Sequence[float], k: int) -> float:

@@ -1,0 +1,346 @@
+"""The drafting gate, replayed against a model's real greedy outputs with a modelled clock.
+
+On an exact build a drafted run emits the same tokens as plain decoding, so how a drafter and
+its gate would do on a prompt is fixed by two things: the plain output (what verification
+would confirm) and the model's verification cost curve (what a batch of k tokens costs). This
+tool records the first once per model (``collect``: real plain runs through llama-cpp-python),
+then runs the real decoding loop, drafter and gate against a backend that answers from that
+record and charges ``cost(k)`` for each batch (``simulate``). The result is a speed-up over
+plain that does not drift with machine noise, for every workload at once, in seconds; the
+timed benchmarks (bench_e2e.py, bench_chat.py) then confirm the policies that look best.
+
+    .venv/bin/python bench/gate_sim.py collect --models smollm2,gemma --tokens 128 --out /tmp/gate-sim
+    .venv/bin/python bench/gate_sim.py simulate --dir /tmp/gate-sim --models smollm2,gemma
+
+Modelled time per step: ``cost(k+1)`` for verifying k drafted tokens (cost(1) = one plain
+step), plus the drafter's own measured time in units of one plain step (``--step-ms``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from ngramcache.decoding import costs as _costs  # noqa: E402
+from ngramcache.decoding.loop import generate  # noqa: E402
+
+from bench_chat import TURNS as CHAT_TURNS  # noqa: E402  (the chat benchmark's four turns)
+FRESH_CODE = ("Write a Python function that parses a date in the form YYYY-MM-DD and returns the "
+              "day of the week as a word. Give only the code.")
+
+
+def held_out_prompts() -> list[str]:
+    """The exactness tests' 32 prompts (code edits, summaries, quotes, chat turns, open
+    text): a set apart from the benchmarks' workloads, to fit the gate's priors on."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import test_exactness
+
+    return list(test_exactness.PROMPTS)
+
+
+def collect_prompts(models: list[str], prompts: list[str], n_tokens: int, out: Path) -> None:
+    from ngramcache import llama as nl
+    from ngramcache.models import model_path
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in models:
+        llm = nl.make_llama(model_path(name), n_ctx=4096, n_batch=512, n_threads=1, n_threads_batch=1)
+        be = nl.LlamaBackend.of(llm)
+        records = []
+        for i, prompt in enumerate(prompts):
+            r = nl.generate(llm, prompt, None, n_tokens)
+            records.append({"workload": f"prompt {i}", "prompt": be.tokenize(prompt).tolist(),
+                            "output": r.tokens.tolist()})
+        (out / f"{name}.json").write_text(json.dumps({"model": name, "n_vocab": be.n_vocab, "records": records}))
+        print(name, len(records), "records", flush=True)
+        del llm
+
+
+def collect(models: list[str], n_tokens: int, out_dir: Path) -> None:
+    from ngramcache import llama as nl
+    from ngramcache.data import bench_tasks
+    from ngramcache.models import model_path
+    from ngramcache.serving.engine import _llama_parts
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in models:
+        llm = nl.make_llama(model_path(name), n_ctx=4096, n_batch=512, n_threads=1, n_threads_batch=1)
+        be, chat_tokens, template = _llama_parts(llm, None)
+        records = []
+        for task in bench_tasks():
+            r = nl.generate(llm, task.prompt, None, n_tokens)
+            records.append({"workload": task.name, "prompt": be.tokenize(task.prompt).tolist(),
+                            "output": r.tokens.tolist()})
+            print(name, task.name, r.n_tokens, flush=True)
+        for label, turns in (("fresh code (chat)", [FRESH_CODE]), ("chat", CHAT_TURNS)) if template else ():
+            messages: list[dict] = []
+            for i, text in enumerate(turns):
+                messages.append({"role": "user", "content": text})
+                prompt = chat_tokens(template.render(messages))
+                r = nl.generate(llm, prompt, None, 2 * n_tokens)
+                messages.append({"role": "assistant", "content": r.text})
+                records.append({"workload": label if len(turns) == 1 else f"{label} turn {i + 1}",
+                                "prompt": prompt.tolist(), "output": r.tokens.tolist()})
+                print(name, records[-1]["workload"], r.n_tokens, flush=True)
+        (out_dir / f"{name}.json").write_text(json.dumps({"model": name, "n_vocab": be.n_vocab,
+                                                         "records": records}))
+        del llm
+
+
+class ReplayBackend:
+    """A backend that answers from a recorded greedy output and charges ``costs[k-1]`` per
+    batch of k tokens (prompt batches are free: plain pays them too)."""
+
+    def __init__(self, prompt: np.ndarray, output: np.ndarray, n_vocab: int, costs: list[float]):
+        self.prompt, self.output = prompt, output
+        self.n_vocab, self.n_ctx, self.n_batch = n_vocab, 1 << 20, 1 << 16
+        self.costs = costs
+        self.units = 0.0
+        self.steps = 0
+        self._rows: list[int] = []
+
+    def tokenize(self, prompt):
+        return np.asarray(prompt, dtype=np.int32)
+
+    def clear(self):
+        pass
+
+    def truncate(self, pos):
+        pass
+
+    def is_eog(self, tok):
+        return False
+
+    def piece(self, tok):
+        return b""
+
+    def decode(self, tokens, pos0, logits_from):
+        n = len(tokens)
+        if pos0 >= self.prompt.size:  # a verification step
+            self.units += self.costs[min(n, len(self.costs)) - 1]
+            self.steps += 1
+        self._rows = [pos0 + i + 1 - self.prompt.size for i in range(n)]
+
+    def logits(self, i):
+        row = np.zeros(self.n_vocab, dtype=np.float32)
+        j = self._rows[i]
+        if 0 <= j < self.output.size:
+            row[self.output[j]] = 1.0
+        return row
+
+
+def _run(rec, n_vocab, costs, drafter, step_s):
+    prompt = np.asarray(rec["prompt"], dtype=np.int32)
+    output = np.asarray(rec["output"], dtype=np.int32)
+    be = ReplayBackend(prompt, output, n_vocab, costs)
+    r = generate(be, prompt, drafter, int(output.size))
+    assert r.tokens.tolist() == output.tolist()
+    plain_units = output.size - 1
+    units = be.units + (r.t_draft / step_s if step_s else 0.0)
+    return plain_units / units if units else float("nan"), r
+
+
+def oracle_k(costs: list[float], n_max: int) -> int:
+    return max(range(1, n_max + 1), key=lambda k: (k + 1) / costs[min(k, len(costs) - 1)])
+
+
+def simulate(models: list[str], in_dir: Path, costs_by_model: dict, variants: dict, n_draft: int,
+             step_ms: dict) -> dict:
+    from ngramcache.drafters.oracle import OracleDrafter
+
+    table = {}
+    for name in models:
+        data = json.loads((in_dir / f"{name}.json").read_text())
+        curve = costs_by_model[name]
+        costs = _costs.extend_costs([c / curve[0] for c in curve], n_draft + 1)
+        step_s = step_ms.get(name, 0.0) / 1e3
+        k_or = oracle_k(costs, n_draft)
+        rows = {}
+        for rec in data["records"]:
+            out = np.asarray(rec["output"], dtype=np.int32)
+            o, _ = _run(rec, data["n_vocab"], costs, OracleDrafter(out, n_draft=k_or), 0.0)
+            cells = {"oracle": o}
+            for vname, make in variants.items():
+                s, r = _run(rec, data["n_vocab"], costs, make(costs), step_s)
+                cells[vname] = s
+                cells[vname + ":acc"] = (r.accepted, r.drafted)
+            rows[rec["workload"]] = cells
+        table[name] = rows
+    return table
+
+
+def tally_states(models: list[str], in_dir: Path, drafters: list[str], n_draft: int) -> dict:
+    """Hits and trials per gate state and draft position, pooled over every record: each
+    drafter's proposals scored against the real output while its gate never lets one through."""
+    from ngramcache.decoding.gate import AdaptiveGate
+
+    out = {}
+    for dname in drafters:
+        gate = AdaptiveGate([1.0] * (n_draft + 1), decay=1.0, min_gain=1e9, priors=None)
+        for name in models:
+            data = json.loads((in_dir / f"{name}.json").read_text())
+            for rec in data["records"]:
+                _run(rec, data["n_vocab"], [1.0] * (n_draft + 1),
+                     _costs.gated_drafter([1.0], dname, n_draft, gate=gate), 0.0)
+        out[dname] = gate
+    return out
+
+
+POSITION_BUCKETS = ((0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 1 << 30))
+
+
+def fit_priors(gates: dict, strength: float = 8.0) -> dict:
+    """Prior means per (source, length bucket, previous outcome) and position bucket, from
+    the tallies of ``tally_states``: each level shrunk towards the level above it (all
+    states, then the source, then its length bucket) by ``strength`` trials."""
+    from ngramcache.decoding.gate import AdaptiveGate
+
+    n_len, n_prev = len(AdaptiveGate._LEN_BUCKETS), 3
+    hits: dict = {}
+    trials: dict = {}
+    for g in gates.values():
+        for st in range(len(g._hits)):
+            src, rest = divmod(st, n_len * n_prev)
+            b, pv = divmod(rest, n_prev)
+            for pb, (lo, hi) in enumerate(POSITION_BUCKETS):
+                hh, tt = sum(g._hits[st][lo:hi]), sum(g._trials[st][lo:hi])
+                for key in ((pb,), (src, pb), (src, b, pb), (src, b, pv, pb)):
+                    hits[key] = hits.get(key, 0.0) + hh
+                    trials[key] = trials.get(key, 0.0) + tt
+
+    def mean(key, parent):
+        return (hits.get(key, 0.0) + strength * parent) / (trials.get(key, 0.0) + strength)
+
+    table = {}
+    for src in range(AdaptiveGate.N_SOURCES):
+        for b in range(n_len):
+            for pv in range(n_prev):
+                row = []
+                for pb in range(len(POSITION_BUCKETS)):
+                    m0 = (hits.get((pb,), 0.0) + 1.0) / (trials.get((pb,), 0.0) + 2.0)
+                    m1 = mean((src, pb), m0)
+                    m2 = mean((src, b, pb), m1)
+                    row.append(round(mean((src, b, pv, pb), m2), 3))
+                table[(src, b, pv)] = row
+    # a longer match is never less likely right: a length bucket no data reached (a copy of
+    # one token) must not inherit the source's pool, which long copies dominate
+    for src in range(AdaptiveGate.N_SOURCES):
+        for pv in range(n_prev):
+            for b in range(n_len - 2, -1, -1):
+                table[(src, b, pv)] = [min(x, y) for x, y in zip(table[(src, b, pv)], table[(src, b + 1, pv)])]
+    return {k: tuple(v) for k, v in table.items()}
+
+
+def write_priors(table: dict, path: Path) -> None:
+    """Replace the TABLE of ngramcache/decoding/gate_priors.py with ``table``."""
+    text = path.read_text()
+    start = text.index("TABLE: dict")
+    end = text.index("}\n", start) + 2
+    rows = "".join(f"    {k}: {v},\n" for k, v in sorted(table.items()))
+    path.write_text(text[:start] + "TABLE: dict[tuple[int, int, int], tuple[float, ...]] = {\n" + rows + "}\n"
+                    + text[end:])
+
+
+def print_states(gates: dict) -> None:
+    buckets = ("1", "2-3", "4-7", "8+")
+    prevs = ("prev wrong", "prev right", "no prev")
+    for dname, g in gates.items():
+        print(f"\n### {dname}: acceptance of drafted token j given j-1 right, per state (trials)\n")
+        for st in range(len(g._hits)):
+            t = g._trials[st]
+            if t[0] < 1:
+                continue
+            src, rest = divmod(st, len(buckets) * 3)
+            b, pv = divmod(rest, 3)
+            cells = []
+            for lo, hi in ((0, 1), (1, 2), (2, 4), (4, 8), (8, len(t))):
+                hh, tt = sum(g._hits[st][lo:hi]), sum(t[lo:hi])
+                cells.append(f"{hh / tt:.2f} ({tt:.0f})" if tt else "-")
+            print(f"src {src} len {buckets[b]:>3} {prevs[pv]:>10}: " + "  ".join(cells))
+
+
+def _default_variants(n_draft: int) -> dict:
+    def gated(drafter, **gate):
+        return lambda costs: _costs.gated_drafter(costs, drafter, n_draft, gate_options=gate or None)
+    return {"copy": gated("copy"), "suffix": gated("suffix")}
+
+
+def print_table(table: dict, variants) -> None:
+    for name, rows in table.items():
+        print(f"\n### {name}: modelled speed-up over plain (share of the oracle), accepted/drafted\n")
+        print("| workload | oracle | " + " | ".join(variants) + " |")
+        print("|---|---:|" + "---:|" * len(variants))
+        for w, c in rows.items():
+            cells = [f"{c[v]:.2f}x ({100 * c[v] / c['oracle']:.0f}%) {c[v + ':acc'][0]}/{c[v + ':acc'][1]}"
+                     for v in variants]
+            print(f"| {w} | {c['oracle']:.2f}x | " + " | ".join(cells) + " |")
+        for v in variants:
+            xs = [c[v] for c in rows.values()]
+            print(f"{v}: min {min(xs):.3f}x, median {statistics.median(xs):.3f}x")
+
+
+def stored_curve(name: str) -> list[float] | None:
+    from ngramcache.models import model_path
+    table = json.loads(Path(_costs.cost_store_path()).read_text())
+    base = Path(model_path(name)).name
+    for k, v in table.items():
+        if k.startswith(_costs.STORE_VERSION + "|llama.cpp|") and base in k and "|tiled 0|" in k:
+            return v
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect")
+    c.add_argument("--models", default="smollm2,gemma")
+    c.add_argument("--tokens", type=int, default=128)
+    c.add_argument("--out", default="/tmp/gate-sim")
+    c.add_argument("--held-out", action="store_true", help="the exactness tests' prompts, not the workloads")
+    s = sub.add_parser("simulate")
+    s.add_argument("--models", default="smollm2,gemma")
+    s.add_argument("--dir", default="/tmp/gate-sim")
+    s.add_argument("--n-draft", type=int, default=16)
+    s.add_argument("--costs", help="JSON {model: [cost of 1, 2, ... tokens]} (default: the stored curves)")
+    s.add_argument("--step-ms", default="smollm2=9,gemma=14",
+                   help="one plain step's time per model, to charge the drafter's own time")
+    t = sub.add_parser("states")
+    t.add_argument("--models", default="smollm2,gemma")
+    t.add_argument("--dir", default="/tmp/gate-sim")
+    t.add_argument("--drafters", default="copy,suffix,lookup")
+    t.add_argument("--n-draft", type=int, default=32)
+    t.add_argument("--write", action="store_true", help="write the fitted table into ngramcache's gate_priors.py")
+    args = ap.parse_args(argv)
+    models = args.models.split(",")
+    if args.cmd == "collect":
+        if args.held_out:
+            collect_prompts(models, held_out_prompts(), args.tokens, Path(args.out))
+        else:
+            collect(models, args.tokens, Path(args.out))
+        return 0
+    if args.cmd == "states":
+        gates = tally_states(models, Path(args.dir), args.drafters.split(","), args.n_draft)
+        print_states(gates)
+        table = fit_priors(gates)
+        print("\nfitted priors:")
+        for key, row in table.items():
+            print(f"    {key}: {row},")
+        if args.write:
+            write_priors(table, Path(__file__).resolve().parent.parent / "src/ngramcache/decoding/gate_priors.py")
+        return 0
+    curves = json.loads(args.costs) if args.costs else {m: stored_curve(m) for m in models}
+    step_ms = {k: float(v) for k, v in (kv.split("=") for kv in args.step_ms.split(","))}
+    variants = _default_variants(args.n_draft)
+    print_table(simulate(models, Path(args.dir), curves, variants, args.n_draft, step_ms), list(variants))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
