@@ -105,9 +105,9 @@ def verify_costs(model, max_batch: int = 33, refresh: bool = False) -> list[floa
 
 
 #: the gate's settings for transformers on a CPU: verifying 33 tokens costs about 3x one, so a
-#: wrong guess is cheap and a slow start is dear (a uniform prior, little pooling, positions
-#: not reached yet take the furthest reached one's estimate); measured with bench/bench_hf.py
-GATE_OPTIONS = {"prior": (1.0, 1.0), "shrink": 1.0, "carry_forward": True}
+#: wrong guess is cheap and a slow start is dear: the priors count as one observation, so what
+#: this text does takes over after a draft or two (docs/gate.md)
+GATE_OPTIONS = {"shrink": 1.0}
 
 
 def adaptive_drafter(model, drafter: str | None = None, n_draft: int = 32, costs: Sequence[float] | None = None,
