@@ -113,14 +113,15 @@ def oracle_draft_len(costs: list[float], n_max: int) -> int:
 
 
 def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_draft: int,
-              static_bytes: int, threads: int | None, log, variants=VARIANTS) -> dict:
+              static_bytes: int, threads: int | None, log, variants=VARIANTS, exact: bool = True) -> dict:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    llm = nl.make_llama(model_path, n_ctx=4096, n_threads=threads)
+    llm = nl.make_llama(model_path, n_ctx=4096, n_threads=threads, exact=exact)
     be = nl.LlamaBackend.of(llm)
     n_prompts = [len(be.tokenize(t.prompt)) for t in tasks]
     n_ctx = max(n_prompts) + n_tokens + 32
-    llm_pld = nl.make_llama(model_path, drafter=LlamaPromptLookupDecoding(), n_ctx=n_ctx, n_threads=threads)
+    llm_pld = nl.make_llama(model_path, drafter=LlamaPromptLookupDecoding(), n_ctx=n_ctx, n_threads=threads,
+                            exact=exact)
     # llama-cpp-python's loop decodes [token + draft] with n_batch rows at most
     assert llm_pld.n_batch >= n_draft + 1
     costs = nl.verify_costs(llm, max_batch=n_draft + 1)
@@ -222,6 +223,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n-draft", type=int, default=16, help="most tokens drafted per step by ngc (default 16)")
     ap.add_argument("--static-bytes", type=int, default=2_000_000, help="static corpus size (default 2 MB)")
     ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--default-kernels", action="store_true",
+                    help="load models with llama-cpp-python's defaults (weights repacked, tiled matmul on), "
+                         "not the exact kernels: with a default build on PYTHONPATH, what exactness costs")
     ap.add_argument("--quick", action="store_true", help="smoke test: 16 tokens, 1 round, 2 workloads, 200 KB static")
     ap.add_argument("--variants", default="all",
                     help="comma list of variants (plain and oracle are always run), or all: " + ",".join(VARIANTS))
@@ -235,9 +239,10 @@ def main(argv=None) -> int:
     for m in args.models.split(","):
         path = model_path(m)  # a packaged model's name or a GGUF file
         all_results[m] = run_model(m, path, tasks, args.tokens, args.repeats, args.n_draft, args.static_bytes,
-                                   args.threads, log, variants)
+                                   args.threads, log, variants, exact=not args.default_kernels)
     print(f"\n{args.tokens} tokens per run, median of {args.repeats} rounds, "
-          f"threads={args.threads or 'default'}; ≠@i: output differs from plain greedy from token i")
+          f"threads={args.threads or 'default'}, {'default' if args.default_kernels else 'exact'} kernels; "
+          "≠@i: output differs from plain greedy from token i")
     print(markdown(all_results, "gen_tok_s", variants))
     print(markdown(all_results, "e2e_tok_s", variants))
     if args.json:
