@@ -6,7 +6,9 @@ one-token logits, and the end-to-end speed of drafting, for float32 and bfloat16
     python bench/gpu_check.py --device cpu --quick --out /tmp/check        # smoke test anywhere
 
 bench/gpu_check.sh packs what a machine without network needs, builds ngramcache there and
-runs this script; see its header. One model load (the GGUF file dequantised to float32 on the
+runs this script; see its header. Where each forward pass costs about 40 ms (an H200 in a
+virtual machine, bound by the host: see bench/RESULTS.md), float32 takes about 8 minutes and
+bfloat16 as long: run one dtype per call (``--dtypes``) under a 10-minute limit. One model load (the GGUF file dequantised to float32 on the
 CPU, ``ngramcache.integrations.hf.load_model``), then, per dtype, a copy moved to the device:
 
 costs  seconds for a forward pass of k = 1..33 tokens after a 512-token context, relative to
@@ -118,7 +120,8 @@ def stage_rows(model, tok, quick: bool) -> dict:
             r = {"error": f"{type(e).__name__}: {e}"}
         r["seconds"] = time.perf_counter() - t
         out[name] = r
-        log(f"  rows {name}: {json.dumps(r)[:400]}")
+        brief = {k: v for k, v in r.get("flips", {}).items() if k != "where"}
+        log(f"  rows {name}: {r.get('rows', r.get('error'))}, outputs {brief}, {r['seconds']:.0f} s")
     return out
 
 
@@ -153,6 +156,7 @@ def summary(results: dict) -> str:
             lines.append(f"| {d} | {c.get('error', '-')} |")
             continue
         again = relative_costs(e["costs"]) if "costs" in e else {}
+        c = {**c, "relative": {int(k): v for k, v in c["relative"].items()}}  # JSON keys are strings
         lines.append(f"| {d} | {1000 * c['seconds'][0]:.2f} | " + " | ".join(
             f"{c['relative'][k]:.2f} / {again[k]:.2f}" if k in again else f"{c['relative'][k]:.2f}"
             for k in COST_KS[1:] if k in c["relative"]) + " |")

@@ -5,7 +5,8 @@
 #
 #   bench/gpu_check.sh pack [DIR]       # here: everything the GPU machine needs, into DIR (.gpu)
 #   bench/gpu_check.sh prepare [DIR]    # there: install ngramcache and gguf, keep part 1 of the model
-#   bench/gpu_check.sh run OUT [DIR]    # there: rebuild the model file, check it, measure into OUT
+#   bench/gpu_check.sh run OUT [DIR [OPTIONS]]  # there: rebuild the model file, check it, measure
+#                                       # into OUT (OPTIONS go to gpu_check.py, e.g. --dtypes float32)
 #
 # pack writes (DIR defaults to .gpu, which should be git-ignored):
 #   DIR/common/tree       ngramcache's sources at HEAD (what a build reads), so that the build
@@ -71,6 +72,7 @@ prepare() {
 
 run() {
     local out=$1 dir=$2 model=/tmp/ngc_model/$MODEL_NAME
+    shift 2
     (cd /tmp && "$PY" -c 'import ngramcache._core') 2>/dev/null || prepare "$dir" || return 1
     mkdir -p /tmp/ngc_model "$out"
     if [ -f "$STASH/part1" ] && [ -f "$dir/p2/part" ]; then
@@ -78,16 +80,16 @@ run() {
     fi
     echo "commit $(cat "$dir/common/commit")"
     if [ -f "$model" ] && (cd /tmp/ngc_model && sha256sum -c "$OLDPWD/$dir/common/model.sha256"); then
-        "$PY" bench/gpu_check.py --model "$model" --tasks "$dir/common/tasks.json" --out "$out"
+        "$PY" bench/gpu_check.py --model "$model" --tasks "$dir/common/tasks.json" --out "$out" "$@"
     else
         echo "model file missing or damaged: random weights of the same architecture"
-        "$PY" bench/gpu_check.py --config "$dir/common/config" --tasks "$dir/common/tasks.json" --out "$out"
+        "$PY" bench/gpu_check.py --config "$dir/common/config" --tasks "$dir/common/tasks.json" --out "$out" "$@"
     fi
 }
 
 case "${1:-}" in
     pack) pack "${2:-.gpu}" ;;
     prepare) prepare "${2:-.gpu}" ;;
-    run) [ $# -ge 2 ] || { echo "usage: $0 run OUT [DIR]" >&2; exit 2; }; run "$2" "${3:-.gpu}" ;;
+    run) [ $# -ge 2 ] || { echo "usage: $0 run OUT [DIR]" >&2; exit 2; }; out=$2 dir=${3:-.gpu}; shift $(($# < 3 ? $# : 3)); run "$out" "$dir" "$@" ;;
     *) echo "usage: $0 pack [DIR] | prepare [DIR] | run OUT [DIR]" >&2; exit 2 ;;
 esac
