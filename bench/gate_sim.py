@@ -32,6 +32,7 @@ from ngramcache.decoding import costs as _costs  # noqa: E402
 from ngramcache.decoding.loop import generate  # noqa: E402
 
 from bench_chat import TURNS as CHAT_TURNS  # noqa: E402  (the chat benchmark's four turns)
+from bench_chat import resolve_model as model_path  # noqa: E402  (packaged models, and qwen-coder)
 FRESH_CODE = ("Write a Python function that parses a date in the form YYYY-MM-DD and returns the "
               "day of the week as a word. Give only the code.")
 
@@ -47,7 +48,6 @@ def held_out_prompts() -> list[str]:
 
 def collect_prompts(models: list[str], prompts: list[str], n_tokens: int, out: Path) -> None:
     from ngramcache import llama as nl
-    from ngramcache.models import model_path
 
     out.mkdir(parents=True, exist_ok=True)
     for name in models:
@@ -66,7 +66,6 @@ def collect_prompts(models: list[str], prompts: list[str], n_tokens: int, out: P
 def collect(models: list[str], n_tokens: int, out_dir: Path) -> None:
     from ngramcache import llama as nl
     from ngramcache.data import bench_tasks
-    from ngramcache.models import model_path
     from ngramcache.serving.engine import _llama_parts
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -287,7 +286,6 @@ def print_table(table: dict, variants) -> None:
 
 
 def stored_curve(name: str) -> list[float] | None:
-    from ngramcache.models import model_path
     table = json.loads(Path(_costs.cost_store_path()).read_text())
     base = Path(model_path(name)).name
     for k, v in table.items():
