@@ -185,3 +185,36 @@ def test_a_damaged_cost_store_is_ignored_then_replaced(tmp_path, damage):
     assert load_costs(str(model), 2, 2, str(cache)) is None
     store_costs(str(model), 2, 2, [0.5, 0.6], str(cache))
     assert load_costs(str(model), 2, 2, str(cache)) == [0.5, 0.6]
+
+
+@pytest.mark.parametrize("env,exact,expect", [(None, None, True), ("0", None, False), ("1", None, True),
+                                              ("0", True, True), (None, False, False)])
+def test_exact_kernels_are_the_default_unless_switched_off(monkeypatch, env, exact, expect):
+    import llama_cpp
+
+    from ngramcache.integrations import exactness
+
+    calls = []
+    monkeypatch.setattr(exactness, "exact_kernels", lambda: calls.append("kernels"))
+    monkeypatch.setattr(exactness, "no_weight_repacking", lambda: _Recorder(calls))
+    monkeypatch.setattr(llama_cpp, "Llama", lambda **kw: kw)
+    if env is None:
+        monkeypatch.delenv("NGRAMCACHE_EXACT", raising=False)
+    else:
+        monkeypatch.setenv("NGRAMCACHE_EXACT", env)
+    import ngramcache.integrations.llama as nl
+
+    kw = nl.make_llama("smollm2", exact=exact)
+    assert kw["n_ctx"] == 4096
+    assert calls == (["kernels", "no repacking"] if expect else [])
+
+
+class _Recorder:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __enter__(self):
+        self.calls.append("no repacking")
+
+    def __exit__(self, *exc):
+        return False

@@ -23,6 +23,7 @@ This module loads models and gathers the rest under one name: the backend lives 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import ngramcache.decoding.loop as generation
 import ngramcache.models as models
@@ -59,7 +60,7 @@ def default_threads() -> int:
 
 def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int = 512,
                n_threads: int | None = None, n_threads_batch: int | None = None,
-               verbose: bool = False, exact: bool = True, **kwargs) -> "llama_cpp.Llama":
+               verbose: bool = False, exact: bool | None = None, **kwargs) -> "llama_cpp.Llama":
     """A ``llama_cpp.Llama`` configured for speculative decoding.
 
     ``drafter``: a ``LlamaDraftModel`` (e.g. ``LlamaDrafter``) or any ``Drafter``
@@ -82,13 +83,18 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     ``n_threads_batch = cpu_count``, which makes batches look cheaper than single
     tokens; both default here to the usable cores (at most 8).
 
-    Exact kernels (``exact=True``, the default): the weights are loaded without repacking
+    Exact kernels (``exact=True``; the default unless the environment variable
+    ``NGRAMCACHE_EXACT`` is ``0``): the weights are loaded without repacking
     and ggml's tiled matmul is switched off for the process before the first model loads
     (``ngramcache.integrations.exactness``), so that a batch's logits equal single-token
     logits bit for bit and speculative output equals plain decoding (docs/exactness.md).
-    ``exact=False`` loads with llama-cpp-python's own defaults.
+    ``exact=False`` loads with llama-cpp-python's own defaults: faster on some models (the
+    costs are in docs/exactness.md), with output that can leave plain decoding's after a
+    near tie.
     """
     need_llama()
+    if exact is None:
+        exact = os.environ.get("NGRAMCACHE_EXACT", "1").strip() != "0"
     path = models.model_path(model_path)
     if drafter is not None and not isinstance(drafter, LlamaDraftModel):
         if not isinstance(drafter, Drafter):
