@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import statistics
 import sys
@@ -51,7 +50,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 import ngramcache as nc  # noqa: E402
-from e2e_common import add_run_arguments, chosen_tasks, chosen_variants, speed_rows  # noqa: E402
+from e2e_common import add_run_arguments, chosen_tasks, chosen_variants, report, speed_rows  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
 from ngramcache.drafters.catalog import make_drafter  # noqa: E402
@@ -240,14 +239,10 @@ def main(argv=None) -> int:
         path = model_path(m)  # a packaged model's name or a GGUF file
         all_results[m] = run_model(m, path, tasks, args.tokens, args.repeats, args.n_draft, args.static_bytes,
                                    args.threads, log, variants, exact=not args.default_kernels)
-    print(f"\n{args.tokens} tokens per run, median of {args.repeats} rounds, "
-          f"threads={args.threads or 'default'}, {'default' if args.default_kernels else 'exact'} kernels; "
-          "≠@i: output differs from plain greedy from token i")
-    print(markdown(all_results, "gen_tok_s", variants))
-    print(markdown(all_results, "e2e_tok_s", variants))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": all_results}, f, indent=1)
+    report(all_results, variants,
+           f"\n{args.tokens} tokens per run, median of {args.repeats} rounds, "
+           f"threads={args.threads or 'default'}, {'default' if args.default_kernels else 'exact'} kernels; "
+           "≠@i: output differs from plain greedy from token i", markdown, args.json, {"args": vars(args)})
     return 0
 
 

@@ -32,7 +32,6 @@ Never run it while another model process is running: timings would mean nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -45,7 +44,7 @@ import transformers  # noqa: E402
 from transformers.generation import candidate_generator as hf_cg  # noqa: E402
 
 import ngramcache as nc  # noqa: E402
-from e2e_common import add_run_arguments, chosen_tasks, chosen_variants, speed_rows  # noqa: E402
+from e2e_common import add_run_arguments, chosen_tasks, chosen_variants, report, speed_rows  # noqa: E402
 from ngramcache import data, hf  # noqa: E402
 
 VARIANTS = ("plain", "hf-pld-10", "ngc", "ngc-fixed10", "suffix", "lookup", "pld", "simple", "map-k", "mod", "oracle")
@@ -231,15 +230,11 @@ def main(argv=None) -> int:
     tasks = chosen_tasks(data.bench_tasks(), args.workloads, args.quick)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     all_results = {m: run_model(m, tasks, args.tokens, args.repeats, variants, log) for m in args.models.split(",")}
-    print(f"\ntransformers {transformers.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
-          f"at most {args.tokens} new tokens per run, greedy, median of {args.repeats} rounds; "
-          "≠@i: output differs from plain greedy from token i")
-    print(markdown(all_results, "gen_tok_s", variants))
-    print(markdown(all_results, "e2e_tok_s", variants))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "transformers": transformers.__version__, "results": all_results}, f,
-                      indent=1)
+    report(all_results, variants,
+           f"\ntransformers {transformers.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+           f"at most {args.tokens} new tokens per run, greedy, median of {args.repeats} rounds; "
+           "≠@i: output differs from plain greedy from token i", markdown, args.json,
+           {"args": vars(args), "transformers": transformers.__version__})
     return 0
 
 

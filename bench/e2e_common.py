@@ -5,6 +5,8 @@ differed from plain, the first position that differed)."""
 
 from __future__ import annotations
 
+import json
+
 
 def speed_rows(res: dict, variants, key: str) -> list[str]:
     """Markdown header and rows for one model's results under ``key`` (e.g. ``gen_tok_s``)."""
@@ -56,3 +58,15 @@ def chosen_tasks(tasks: list, workloads: str, quick: bool) -> list:
         want = set(workloads.split(","))
         return [t for t in tasks if t.name in want]
     return [tasks[1], tasks[4]] if quick else tasks
+
+
+def report(all_results: dict, variants, header: str, markdown, json_path: str | None, extra: dict) -> None:
+    """Print ``header`` and the speed tables (generation alone, then end to end) made by
+    ``markdown(all_results, key, variants)``; with ``json_path``, write ``extra`` and the
+    results there too."""
+    print(header)
+    print(markdown(all_results, "gen_tok_s", variants))
+    print(markdown(all_results, "e2e_tok_s", variants))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({**extra, "results": all_results}, f, indent=1)

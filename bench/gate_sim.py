@@ -167,7 +167,10 @@ def simulate(models: list[str], in_dir: Path, costs_by_model: dict, variants: di
             o, _ = _run(rec, data["n_vocab"], costs, OracleDrafter(out, n_draft=k_or), 0.0)
             cells = {"oracle": o}
             for vname, make in variants.items():
-                s, r = _run(rec, data["n_vocab"], costs, make(costs), step_s)
+                drafter = make(costs)
+                if vname.endswith("ceiling"):  # the drafter, cut by a gate that knows the answer
+                    drafter = ClairvoyantGate(drafter, out, len(rec["prompt"]), costs)
+                s, r = _run(rec, data["n_vocab"], costs, drafter, step_s)
                 cells[vname] = s
                 cells[vname + ":acc"] = (r.accepted, r.drafted)
             rows[rec["workload"]] = cells
@@ -248,7 +251,10 @@ def write_priors(table: dict, path: Path) -> None:
 
 
 def print_states(gates: dict) -> None:
-    buckets = ("1", "2-3", "4-7", "8+")
+    from ngramcache.decoding.gate import AdaptiveGate
+
+    los = AdaptiveGate._LEN_BUCKETS
+    buckets = [f"{lo}-{hi - 1}" if hi - 1 > lo else str(lo) for lo, hi in zip(los, los[1:])] + [f"{los[-1]}+"]
     prevs = ("prev wrong", "prev right", "no prev")
     for dname, g in gates.items():
         print(f"\n### {dname}: acceptance of drafted token j given j-1 right, per state (trials)\n")
@@ -265,10 +271,40 @@ def print_states(gates: dict) -> None:
             print(f"src {src} len {buckets[b]:>3} {prevs[pv]:>10}: " + "  ".join(cells))
 
 
+class ClairvoyantGate:
+    """A drafter whose proposals are cut to exactly their right prefix, and dropped when that
+    prefix does not pay for its verification: the ceiling of a drafter under any gate."""
+
+    def __init__(self, drafter, truth: np.ndarray, n_prompt: int, costs: list[float]):
+        self.inner, self.truth, self.n_prompt, self.costs = drafter, truth, n_prompt, costs
+        self.stats = drafter.stats
+
+    def reset(self, prompt_tokens):
+        self.inner.reset(prompt_tokens)
+        self.n = len(prompt_tokens)
+
+    def accept(self, tokens):
+        self.inner.accept(tokens)
+        self.n += len(tokens)
+
+    def propose(self, n_max):
+        cand = np.asarray(self.inner.propose(n_max), dtype=np.int32)
+        at = self.n - self.n_prompt  # index in the output of the token after the sequence
+        right = 0
+        while right < cand.size and at + right < self.truth.size and cand[right] == self.truth[at + right]:
+            right += 1
+        if right == 0 or (right + 1) / self.costs[min(right, len(self.costs) - 1)] <= 1.0:
+            return cand[:0]
+        return cand[:right]
+
+
 def _default_variants(n_draft: int) -> dict:
     def gated(drafter, **gate):
         return lambda costs: _costs.gated_drafter(costs, drafter, n_draft, gate_options=gate or None)
-    return {"copy": gated("copy"), "suffix": gated("suffix")}
+    from ngramcache.drafters.catalog import make_drafter
+
+    return {"copy": gated("copy"), "suffix": gated("suffix"),
+            "copy ceiling": lambda costs: make_drafter("copy", n_draft=n_draft)}
 
 
 def print_table(table: dict, variants) -> None:
