@@ -411,3 +411,24 @@ def test_on_tokens_returning_true_stops():
     assert r.stop_reason == "stop"
     assert r.tokens.tolist() == seen and len(seen) >= 7
     assert seen == reference(list(PROMPT), len(seen))
+
+
+def test_should_stop_is_taken_between_the_prompt_pass_pieces():
+    from ngramcache.decoding.loop import PromptCache
+
+    m = FakeModel(n_batch=16)
+    prompt = (list(PROMPT) * 10)[:100]
+    asked = []
+
+    def should_stop():
+        asked.append(len(m.kv))
+        return len(asked) >= 2  # after two pieces of the prompt
+
+    cache = PromptCache()
+    r = generate(m, prompt, CopyDrafter(n_draft=4), 20, should_stop=should_stop, prompt_cache=cache)
+    assert r.stop_reason == "stop" and r.n_tokens == 0
+    assert m.decodes == [16, 16] and asked == [16, 32]
+    assert cache.reusable(m, np.asarray(prompt, dtype=np.int32)) == 0  # a half-read prompt is not kept
+    # never asked to stop: the whole prompt, then the answer
+    r = generate(m, prompt, CopyDrafter(n_draft=4), 20, should_stop=lambda: False)
+    assert r.tokens.tolist() == reference(prompt, 20)

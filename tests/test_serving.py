@@ -312,6 +312,24 @@ def test_a_periodic_save_that_fails_is_logged_and_serving_goes_on(tmp_path, capl
         engine.close(timeout=30)
 
 
+def test_an_idle_server_does_not_rewrite_an_unchanged_memory(tmp_path):
+    engine = _engine(memory=Memory(max_tokens=1000, mod_size=64), memory_path=tmp_path / "m.bin", save_every=0.02)
+    try:
+        engine.run(Job(prompt=np.array(PROMPT, np.int32), max_tokens=4), timeout=60)
+        deadline = time.monotonic() + 30
+        while engine.saves == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.saves == 1
+        time.sleep(0.3)  # fifteen intervals with nothing new learned
+        assert engine.saves == 1
+        engine.run(Job(prompt=np.array(PROMPT, np.int32), max_tokens=4), timeout=60)
+        while engine.saves == 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.saves == 2
+    finally:
+        engine.close(timeout=30)
+
+
 def test_the_static_table_reaches_the_drafters_that_read_one():
     table = NgramCache()
     table.update(np.array(PROMPT, np.int32), 2, 2)

@@ -37,13 +37,13 @@ __all__ = ["CostKey", "Calibration", "calibrate", "stored_costs", "cost_store_pa
 STORE_VERSION = "v3"
 #: the largest spread (interquartile range / median) of one batch size's timings that is
 #: trusted: beyond it more rounds are measured, and costs that stay this noisy are used for
-#: the run that measured them but not kept
+#: the run that measured them but not kept (a size slow in most rounds has a wrong median)
 MAX_SPREAD = 0.25
 #: a calibration shows its progress on stderr once it has taken this many seconds
 SHOW_PROGRESS_AFTER = 1.5
 #: a calibration starts no new round after this many seconds (once MIN_ROUNDS are done): on a
 #: busy machine more rounds would not make the timings trustworthy, only the wait longer
-BUDGET_SECONDS = 8.0
+BUDGET_SECONDS = 6.0
 MIN_ROUNDS = 3
 
 
@@ -114,7 +114,8 @@ class Calibration:
     """One measurement: ``costs[k-1]``, the seconds to verify k tokens for k =
     1..max_batch; the ``sizes`` timed (the others interpolated) and each one's ``medians``;
     ``rounds`` of timings per size; ``spread``, the largest interquartile range / median
-    of a size; ``noisy`` when it stayed above ``MAX_SPREAD``; ``seconds`` it took."""
+    of a size; ``noisy`` when the timings stayed too spread to keep (``MAX_SPREAD``);
+    ``seconds`` it took."""
 
     costs: list[float]
     sizes: list[int]
@@ -199,14 +200,14 @@ def calibrate(time_batch: Callable[[int], float], max_batch: int, repeats: int =
                 if budget is not None and len(rows) >= MIN_ROUNDS and time.perf_counter() - t0 > budget:
                     break
             spread = float(np.max(_spread(np.asarray(rows))))
+            noisy = spread > max_spread
             over_budget = budget is not None and time.perf_counter() - t0 > budget
-            if spread <= max_spread or len(rows) + repeats > max_rounds or over_budget:
+            if not noisy or len(rows) + repeats > max_rounds or over_budget:
                 break
             bar.total += repeats * len(sizes)
         bar.total = bar.n  # a budget may end it early: the bar ends full
     samples = np.asarray(rows)
     medians = [float(x) for x in np.median(samples, axis=0)]
-    noisy = spread > max_spread
     if noisy and progress:
         print(f"verification costs: timings of one batch size varied by {spread:.0%} over {len(rows)} rounds "
               "(another process on the CPU?); using their medians for now, measured again next time",

@@ -119,6 +119,7 @@ class Engine:
         self.save_errors: list[str] = []
         self.last_save_error: str | None = None  # of the latest save, None once one succeeds
         self._last_save = time.monotonic()
+        self._learned_at_save = 0  # memory.learned when it was last saved (or loaded)
         self._worker = threading.Thread(target=self._work, name="ngramcache-engine", daemon=True)
         self._closed = False
         self._worker.start()
@@ -246,9 +247,11 @@ class Engine:
         (the worker does, between jobs)."""
         if self.memory is None or self.memory_path is None:
             return False
+        learned = self.memory.learned
         self.memory.save(self.memory_path, self.backend.n_vocab, self.fingerprint())
         self.saves += 1
         self._last_save = time.monotonic()
+        self._learned_at_save = learned
         return True
 
     def make_drafter(self, name: str, n_draft: int, options: dict | None = None, gate=None):
@@ -292,7 +295,9 @@ class Engine:
                 break
             if job is not False:
                 self._run(job)
-            if self._saving() and time.monotonic() - self._last_save >= self.save_every and self.memory.learned:
+            # an idle server does not rewrite an unchanged memory every interval
+            if (self._saving() and time.monotonic() - self._last_save >= self.save_every
+                    and self.memory.learned != self._learned_at_save):
                 self._save_quietly()
         if self.memory is not None and self.memory_path is not None:
             self._save_quietly()
