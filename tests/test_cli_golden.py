@@ -104,11 +104,7 @@ def _snapshot(work: Path) -> dict[str, tuple]:
 
 
 def _sha256(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return hashlib.sha256(p.read_bytes()).hexdigest()  # the files a golden run writes are small
 
 
 # -- cases --------------------------------------------------------------------------------
