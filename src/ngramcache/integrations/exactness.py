@@ -106,6 +106,16 @@ def exact_kernels() -> str:
     return _tiled_state
 
 
+def _tiled_now() -> str:
+    """The tiled matmul's state as :func:`exact_kernels` reports it, without switching it off:
+    a process that chose llama-cpp-python's own kernels (``NGRAMCACHE_EXACT=0``) is measured
+    and reported as it runs."""
+    if _tiled_state is not None:
+        return _tiled_state
+    value = os.environ.get(TILED_MM_ENV)
+    return "off" if value is not None and _atoi(value) == 0 else "on"
+
+
 def warn_flash_attention() -> None:
     """Say that flash attention makes batched logits differ from single-token ones: ggml's
     flash-attention node gives a token other values in a batch than alone (measured on both
@@ -258,7 +268,7 @@ def measure_exactness(llm, prompt=None, n_tokens: int = CHECK_TOKENS, chunk: int
     n_tokens = check_int("n_tokens", n_tokens, 1)
     chunk = check_int("chunk", chunk, 1)
     t0 = time.perf_counter()
-    tiled = exact_kernels()
+    tiled = _tiled_now()
     m = LlamaBackend.of(llm)
     chunk = min(chunk, m.n_batch)
     toks = m.tokenize(check_prompt() if prompt is None else prompt)
@@ -381,7 +391,7 @@ def exactness_status(llm, measure: bool = False, path: str | None = None) -> dic
     known to be on) otherwise. None for anything but a ``llama_cpp.Llama``."""
     if not _is_llama(llm):
         return None
-    tiled = exact_kernels()
+    tiled = _tiled_now()
     path = path or exactness_store_path()
     report = check_exact(llm, path=path) if measure else _stored(llm, tiled, path)
     if report is not None:
@@ -400,7 +410,7 @@ def check_exact(llm, refresh: bool = False, path: str | None = None) -> Exactnes
     while the tiled-matmul switch is ``"unsure"``. Measuring clears ``llm``'s KV cache."""
     if not _is_llama(llm):
         raise TypeError(f"llm must be a llama_cpp.Llama, got {type(llm).__name__}")
-    tiled = exact_kernels()
+    tiled = _tiled_now()
     path = path or exactness_store_path()
     if not refresh:
         report = _stored(llm, tiled, path)
