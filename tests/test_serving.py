@@ -323,6 +323,7 @@ def test_an_idle_server_does_not_rewrite_an_unchanged_memory(tmp_path):
         time.sleep(0.3)  # fifteen intervals with nothing new learned
         assert engine.saves == 1
         engine.run(Job(prompt=np.array(PROMPT, np.int32), max_tokens=4), timeout=60)
+        deadline = time.monotonic() + 30
         while engine.saves == 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert engine.saves == 2
