@@ -31,13 +31,8 @@ class ChatTemplate:
         return cls(template, text(llm.token_bos()), text(llm.token_eos()))
 
     def tokenize(self, llm, text: str):
-        """``text`` (a rendered prompt) as ``llm``'s token ids (int32), as serve reads it:
-        special tokens parsed, and a BOS added only where the text does not already start
-        with the one the template writes."""
-        import numpy as np
-
-        add_bos = not (self.bos_token and text.startswith(self.bos_token))
-        return np.asarray(llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True), dtype=np.int32)
+        """``text`` (a rendered prompt) as ``llm``'s token ids: :func:`tokenize_rendered`."""
+        return tokenize_rendered(llm, text, self.bos_token)
 
     def render(self, messages: list[dict]) -> str:
         """The prompt for ``messages`` (``role`` and ``content`` each), ending where the
@@ -46,3 +41,13 @@ class ChatTemplate:
             return self._formatter(messages=messages).prompt
         except Exception as e:  # jinja2 errors and the template's own raise_exception
             raise ValueError(f"the chat template cannot render these messages: {e}") from None
+
+
+def tokenize_rendered(llm, text: str, bos_token: str):
+    """``text`` as ``llm``'s token ids (int32), as serve reads a prompt: special tokens parsed,
+    and a BOS added only where the text does not already start with ``bos_token`` (the one a
+    chat template writes; "" when there is none)."""
+    import numpy as np
+
+    add_bos = not (bos_token and text.startswith(bos_token))
+    return np.asarray(llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True), dtype=np.int32)

@@ -28,7 +28,7 @@ import numpy as np
 from ngramcache._validate import as_tokens, check_int
 from ngramcache.decoding.loop import PromptCache, is_backend
 from ngramcache.decoding.text_sink import TextSink
-from ngramcache.serving.chat_template import ChatTemplate
+from ngramcache.serving.chat_template import ChatTemplate, tokenize_rendered
 from ngramcache.serving.conversations import ConversationGates
 from ngramcache.serving.errors import (CancelledError, ContextOverflowError, EngineError, QueueFullError,
                                        RequestError, ShuttingDownError)
@@ -51,12 +51,7 @@ def _llama_parts(llm, chat_template: ChatTemplate | None):
     backend = nl.LlamaBackend.of(llm)
     template = chat_template if chat_template is not None else ChatTemplate.of(llm)
     bos = template.bos_token if template is not None else ""
-
-    def tokenize(text: str) -> np.ndarray:
-        add_bos = not (bos and text.startswith(bos))
-        return np.asarray(llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True), dtype=np.int32)
-
-    return backend, tokenize, template
+    return backend, lambda text: tokenize_rendered(llm, text, bos), template
 
 
 class Engine:
