@@ -148,7 +148,9 @@ def prop(name: str, value: property, indent: str) -> list[str]:
 def class_stub(name: str, cls: type) -> list[str]:
     if issubclass(cls, BaseException):
         return [f"class {name}({cls.__base__.__name__}): ...", ""]
-    out = [f"class {name}:"] + docstring(cls.__doc__ or "", "    ")
+    # a base of the module's own (the binding's py::class_<X, Base>) is named; pybind11's is not
+    bases = [b.__name__ for b in cls.__bases__ if b.__module__ == cls.__module__]
+    out = [f"class {name}({', '.join(bases)}):" if bases else f"class {name}:"] + docstring(cls.__doc__ or "", "    ")
     for attr, value in vars(cls).items():
         if attr.startswith("__") and attr not in DUNDERS or attr.startswith("_pybind11"):
             continue

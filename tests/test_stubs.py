@@ -35,10 +35,19 @@ def test_the_stub_declares_every_public_name_of_the_module(gen_stubs):
     declared = {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
     public = {name for name in vars(_core) if not name.startswith("__")}
     assert public <= declared, sorted(public - declared)
-    methods = {node.name: {m.name for m in node.body if isinstance(m, ast.FunctionDef)}
-               for node in tree.body if isinstance(node, ast.ClassDef)}
-    assert {"reset", "accept", "propose", "confidence", "__init__"} <= methods["LookupDrafter"]
-    assert {"sync", "extend", "begin", "draft", "accept"} <= methods["NgramMod"]
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+    def methods(name: str) -> set[str]:
+        """The class's own methods and those of the bases the stub names."""
+        node = classes[name]
+        own = {m.name for m in node.body if isinstance(m, ast.FunctionDef)}
+        return own.union(*(methods(b.id) for b in node.bases))
+
+    # the protocol's methods are declared once, on the base every compiled drafter derives from
+    assert [b.id for b in classes["LookupDrafter"].bases] == ["CompiledDrafter"]
+    assert {"reset", "accept", "propose", "confidence", "__init__"} <= methods("LookupDrafter")
+    assert [b.id for b in classes["NgramMod"].bases] == ["LlamaShapedDrafter"]
+    assert {"sync", "extend", "begin", "draft", "accept", "__init__", "table"} <= methods("NgramMod")
 
 
 def test_signatures_are_translated_and_none_stays_visible(gen_stubs):

@@ -128,24 +128,6 @@ auto with_progress(const py::object& progress, F&& f) {
     }
 }
 
-// The counters every replay result has (replay()'s and replay_drafter()'s), read-only.
-template <class R>
-void def_replay_counts(py::class_<R>& c) {
-    c.def_readonly("n_input", &R::n_input)
-        .def_readonly("n_ctx", &R::n_ctx)
-        .def_readonly("n_draft", &R::n_draft)
-        .def_readonly("n_chunks", &R::n_chunks)
-        .def_readonly("n_steps", &R::n_steps)
-        .def_readonly("n_drafted", &R::n_drafted)
-        .def_readonly("n_accept", &R::n_accept)
-        .def_readonly("t_draft_ns", &R::t_draft_ns)
-        .def_readonly("t_replay_ns", &R::t_replay_ns)
-        .def_readonly("draft_length_hist", &R::draft_length_hist)
-        .def_readonly("accept_length_hist", &R::accept_length_hist)
-        .def_readonly("drafted_by_position", &R::drafted_by_position)
-        .def_readonly("accepted_by_position", &R::accepted_by_position);
-}
-
 // One per file of the binding, called in this order (a class is registered before the
 // signatures that name it).
 void register_caches_tables(py::module_& m);

@@ -18,17 +18,16 @@ using namespace ngramcache;
 namespace {
 
 void register_drafter_replay_result(py::module_& m) {
-    py::class_<DrafterReplayResult> r(m, "DrafterReplayResult", "What replay_drafter() counted.");
-    def_replay_counts(r);
+    py::class_<DrafterReplayResult, ReplayCounts>(m, "DrafterReplayResult", "What replay_drafter() counted.");
 }
 
 // The lookup caches (context, dynamic, static) are held through pointers, so each Python
 // object stays alive as long as the drafter holds it (keep_alive), whoever else lets go.
 template <class D>
-void def_set_dynamic(py::class_<Exclusive<D>>& c) {
+void def_set_dynamic(py::class_<Bound<D>, CompiledDrafter>& c) {
     c.def(
         "set_dynamic",
-        [](Exclusive<D>& e, const Maybe<const SharedCache>& dynamic) { e.use().set_dynamic(pointer(dynamic)); },
+        [](Bound<D>& e, const Maybe<const SharedCache>& dynamic) { e.use().set_dynamic(pointer(dynamic)); },
         "dynamic"_a.none(true), py::keep_alive<1, 2>());
 }
 
@@ -37,14 +36,14 @@ void register_lookup_drafters(py::module_& m) {
         m, "LookupDrafter", "llama.cpp's lookup: the context cache, then dynamic, then static.",
         py::init([](const Maybe<SharedCache>& context, const Maybe<const SharedCache>& dynamic,
                     const StaticArg& static_obj, int ngram_min, int ngram_max) {
-            return new Exclusive<LookupDrafter>(ngram_min, ngram_max, pointer(dynamic), static_source(static_obj),
+            return new Bound<LookupDrafter>(ngram_min, ngram_max, pointer(dynamic), static_source(static_obj),
                                                 pointer(context));
         }),
         "context"_a.none(true), "dynamic"_a.none(true), "static"_a.none(true), "ngram_min"_a = 1, "ngram_max"_a = 4,
         py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::keep_alive<1, 4>());
     def_set_dynamic(lookup);
 
-    using Copy = Exclusive<CopyDrafter>;
+    using Copy = Bound<CopyDrafter>;
     auto copy = bind_sequence_drafter<CopyDrafter>(
         m, "CopyDrafter", "Copies of earlier spans of the sequence, else llama.cpp's lookup.",
         py::init([](const Maybe<SharedCache>& context, const Maybe<const SharedCache>& dynamic,
@@ -103,7 +102,7 @@ void register_suffix(py::module_& m) {
         .def_property_readonly("max_tokens", &SuffixStore::max_tokens)
         .def_property_readonly("max_depth", &SuffixStore::max_depth);
 
-    using Suffix = Exclusive<SuffixDrafter>;
+    using Suffix = Bound<SuffixDrafter>;
     bind_sequence_drafter<SuffixDrafter>(m, "SuffixDrafter",
                                          "Most frequent continuation of the longest suffix match (SuffixDecoding).",
                                          py::init([](size_t max_depth, double alpha, double min_prob,
@@ -120,12 +119,13 @@ void register_suffix(py::module_& m) {
 
 void register_drafters(py::module_& m) {
     register_drafter_replay_result(m);
+    register_compiled_drafter(m);
     register_lookup_drafters(m);
     bind_sequence_drafter<PromptLookupDrafter>(
         m, "PromptLookupDrafter", "Plain prompt lookup (Hugging Face, llama-cpp-python, vLLM).",
         py::init([](int max_ngram, int min_ngram, bool recent) {
             using Match = PromptLookupDrafter::Match;
-            return new Exclusive<PromptLookupDrafter>(max_ngram, min_ngram, recent ? Match::recent : Match::first);
+            return new Bound<PromptLookupDrafter>(max_ngram, min_ngram, recent ? Match::recent : Match::first);
         }),
         "max_ngram"_a = 3, "min_ngram"_a = 1, "recent"_a = false);
     register_suffix(m);

@@ -8,6 +8,7 @@
 // safe without it (relaxed atomic slots, ngram_mod.hpp).
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.hpp"
@@ -23,35 +24,62 @@ using namespace ngramcache;
 
 namespace {
 
+// What Python calls on every llama.cpp-shaped drafter, one set of methods for all; each
+// drafter's class (a LlamaShaped<D>) derives from it and adds its own properties.
+class LlamaShapedDrafter {
+public:
+    virtual ~LlamaShapedDrafter() = default;
+    virtual void sync(const Tokens& prompt) = 0;
+    virtual bool extend(const Tokens& tokens, size_t start) = 0;
+    virtual void begin() = 0;
+    virtual py::array_t<int32_t> draft(token_t id_last) = 0;
+    virtual void accept(size_t n_accepted) = 0;
+    virtual size_t n_tokens() const = 0;
+};
+
+template <class D>
+struct LlamaShaped final : LlamaShapedDrafter {
+    D drafter;
+
+    template <class... A>
+    explicit LlamaShaped(A&&... a) : drafter(std::forward<A>(a)...) {}
+    void sync(const Tokens& prompt) override { drafter.sync(prompt.data(), len(prompt)); }
+    bool extend(const Tokens& tokens, size_t start) override {
+        return extend_history(drafter, tokens.data(), len(tokens), start);
+    }
+    void begin() override { drafter.begin(); }
+    py::array_t<int32_t> draft(token_t id_last) override {
+        std::vector<token_t> out;
+        drafter.draft(id_last, out);
+        return as_array(out);
+    }
+    void accept(size_t n_accepted) override { drafter.accept(n_accepted); }
+    size_t n_tokens() const override { return drafter.history().size(); }
+};
+
+void register_llama_shaped_drafter(py::module_& m) {
+    py::class_<LlamaShapedDrafter>(m, "LlamaShapedDrafter",
+                                   "A drafter in llama.cpp's calling shape, over a history it keeps.")
+        .def("sync", &LlamaShapedDrafter::sync, "prompt"_a,
+             "The history becomes the prompt (one comparison with the copy, then the new tail).")
+        .def("extend", &LlamaShapedDrafter::extend, "tokens"_a, "start"_a,
+             "Append tokens[len(history)-start:] if tokens[:len(history)-start] repeat the history's "
+             "tail from `start`; False (nothing changed) otherwise.")
+        .def("begin", &LlamaShapedDrafter::begin, "llama.cpp's begin() with the history as the prompt.")
+        .def("draft", &LlamaShapedDrafter::draft, "id_last"_a, "llama.cpp's draft() with the history as the prompt.")
+        .def("accept", &LlamaShapedDrafter::accept, "n_accepted"_a)
+        .def_property_readonly("n_tokens", &LlamaShapedDrafter::n_tokens);
+}
+
 // D as `name` and SequenceAdapter<D> as `sequence_name`, both made from Args (`options`
 // names them); returns D's class for what it has beyond the shared calls.
 template <class D, class... Args, class... Options>
-py::class_<D> bind_llama_shaped(py::module_& m, const char* name, const char* doc, const char* sequence_name,
-                                const char* sequence_doc, const Options&... options) {
-    py::class_<D> c(m, name, doc);
-    c.def(py::init([](Args... a) { return new D(as_given(std::move(a))...); }), options...)
-        .def(
-            "sync", [](D& d, const Tokens& t) { d.sync(t.data(), len(t)); }, "prompt"_a,
-            "The history becomes the prompt (one comparison with the copy, then the new tail).")
-        .def(
-            "extend", [](D& d, const Tokens& t, size_t start) { return extend_history(d, t.data(), len(t), start); },
-            "tokens"_a, "start"_a,
-            "Append tokens[len(history)-start:] if tokens[:len(history)-start] repeat the history's "
-            "tail from `start`; False (nothing changed) otherwise.")
-        .def(
-            "begin", [](D& d) { d.begin(); }, "llama.cpp's begin() with the history as the prompt.")
-        .def(
-            "draft",
-            [](D& d, token_t id_last) {
-                std::vector<token_t> out;
-                d.draft(id_last, out);
-                return as_array(out);
-            },
-            "id_last"_a, "llama.cpp's draft() with the history as the prompt.")
-        .def(
-            "accept", [](D& d, size_t n) { d.accept(n); }, "n_accepted"_a)
-        .def_property_readonly("n_tokens", [](const D& d) { return d.history().size(); });
-    using Sequence = Exclusive<SequenceAdapter<D>>;
+py::class_<LlamaShaped<D>, LlamaShapedDrafter> bind_llama_shaped(py::module_& m, const char* name, const char* doc,
+                                                                 const char* sequence_name, const char* sequence_doc,
+                                                                 const Options&... options) {
+    py::class_<LlamaShaped<D>, LlamaShapedDrafter> c(m, name, doc);
+    c.def(py::init([](Args... a) { return new LlamaShaped<D>(as_given(std::move(a))...); }), options...);
+    using Sequence = Bound<SequenceAdapter<D>>;
     bind_sequence_drafter<SequenceAdapter<D>>(
         m, sequence_name, sequence_doc, py::init([](Args... a) { return new Sequence(as_given(std::move(a))...); }),
         options...);
@@ -91,6 +119,7 @@ void register_mod_table(py::module_& m) {
 
 void register_llama_drafters(py::module_& m) {
     register_mod_table(m);
+    register_llama_shaped_drafter(m);
     bind_llama_shaped<NgramSimple, size_t, size_t>(m, "NgramSimple", "llama.cpp's ngram-simple drafter.",
                                                    "NgramSimpleSequence", "ngram-simple over the sequence protocol.",
                                                    "size_n"_a = 12, "size_m"_a = 48);
@@ -98,13 +127,13 @@ void register_llama_drafters(py::module_& m) {
         m, "NgramMap", "llama.cpp's ngram-map-k (k4v=False) and ngram-map-k4v drafters.", "NgramMapSequence",
         "ngram-map-k/k4v over the sequence protocol.", "size_n"_a = 12, "size_m"_a = 48, "min_hits"_a = 1,
         "k4v"_a = false)
-        .def_property_readonly("n_keys", [](const NgramMap& d) { return d.keys().size(); });
+        .def_property_readonly("n_keys", [](const LlamaShaped<NgramMap>& d) { return d.drafter.keys().size(); });
     bind_llama_shaped<NgramMod, MaybeShared<NgramModTable>, size_t, size_t, size_t>(
         m, "NgramMod", "llama.cpp's ngram-mod drafter.", "NgramModSequence", "ngram-mod over the sequence protocol.",
         "table"_a.none(true), "n_match"_a = 24, "n_min"_a = 48, "n_max"_a = 64)
-        .def_property_readonly("table", [](const NgramMod& d) { return d.table(); })
-        .def_property_readonly("n_low", &NgramMod::n_low)
-        .def_property_readonly("i_last", &NgramMod::i_last);
+        .def_property_readonly("table", [](const LlamaShaped<NgramMod>& d) { return d.drafter.table(); })
+        .def_property_readonly("n_low", [](const LlamaShaped<NgramMod>& d) { return d.drafter.n_low(); })
+        .def_property_readonly("i_last", [](const LlamaShaped<NgramMod>& d) { return d.drafter.i_last(); });
 }
 
 }  // namespace ngramcache_bind

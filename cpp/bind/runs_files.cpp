@@ -1,9 +1,11 @@
 // Files and replays: AtomicFile (the one way Python saves a file), replay() (llama.cpp's
 // lookup-stats loop in the core), and the sorted runs a sharded build writes and merges.
+#include <initializer_list>
 #include <iterator>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common.hpp"
@@ -50,8 +52,25 @@ ReplayResult replay_py(const Tokens& tokens, size_t n_ctx, size_t n_draft, const
 }
 
 void register_replay(py::module_& m) {
-    py::class_<ReplayResult> r(m, "ReplayResult", "What replay() counted (see ngramcache.ReplayStats).");
-    def_replay_counts(r);
+    // Registered once, before the two results that derive from it (replay_drafter()'s in drafters.cpp).
+    py::class_<ReplayCounts> counts(m, "ReplayCounts", "What every replay loop counts.");
+    using Count = std::pair<const char*, int64_t ReplayCounts::*>;
+    using Counts = std::pair<const char*, std::vector<int64_t> ReplayCounts::*>;
+    for (const auto& [name, member] : std::initializer_list<Count>{
+             {"n_input", &ReplayCounts::n_input}, {"n_ctx", &ReplayCounts::n_ctx},
+             {"n_draft", &ReplayCounts::n_draft}, {"n_chunks", &ReplayCounts::n_chunks},
+             {"n_steps", &ReplayCounts::n_steps}, {"n_drafted", &ReplayCounts::n_drafted},
+             {"n_accept", &ReplayCounts::n_accept}, {"t_draft_ns", &ReplayCounts::t_draft_ns},
+             {"t_replay_ns", &ReplayCounts::t_replay_ns}})
+        counts.def_readonly(name, member);
+    for (const auto& [name, member] : std::initializer_list<Counts>{
+             {"draft_length_hist", &ReplayCounts::draft_length_hist},
+             {"accept_length_hist", &ReplayCounts::accept_length_hist},
+             {"drafted_by_position", &ReplayCounts::drafted_by_position},
+             {"accepted_by_position", &ReplayCounts::accepted_by_position}})
+        counts.def_readonly(name, member);
+
+    py::class_<ReplayResult, ReplayCounts> r(m, "ReplayResult", "What replay() counted (see ngramcache.ReplayStats).");
     r.def_readonly("overlap_positions", &ReplayResult::overlap_positions)
         .def_readonly("overlap_text", &ReplayResult::overlap_text)
         .def_readonly("overlap_static", &ReplayResult::overlap_static)

@@ -4,12 +4,15 @@
 //
 //   bind_sequence_drafter<D>(m, "Name", "doc", py::init<...>() or py::init(factory), options...)
 //
-// binds reset(prompt), accept(tokens), propose(n_max), the confidence property and D's
-// overload of replay_drafter(drafter, tokens, n_ctx, n_draft, progress), on an
-// Exclusive<D> (exclusive.hpp). Every call that releases the GIL claims the drafter, so a
-// second thread calling in meanwhile gets a RuntimeError, not a data race; the steps
-// release it too, because a drafter may wait for a cache's lock (the lookup caches) while
-// the thread holding that lock waits for the GIL (a replay's progress callback).
+// Python sees one base class, CompiledDrafter, with reset(prompt), accept(tokens),
+// propose(n_max) and the confidence property, and one replay_drafter(drafter, tokens,
+// n_ctx, n_draft, progress) for all of them; each drafter's class adds its constructor and
+// what it has beyond the protocol. The object is a Bound<D>: an Exclusive<D>
+// (exclusive.hpp) behind the base's virtual calls. Every call that releases the GIL claims
+// the drafter, so a second thread calling in meanwhile gets a RuntimeError, not a data
+// race; the steps release it too, because a drafter may wait for a cache's lock (the
+// lookup caches) while the thread holding that lock waits for the GIL (a replay's progress
+// callback).
 #pragma once
 
 #include <algorithm>
@@ -21,45 +24,71 @@
 
 namespace ngramcache_bind {
 
-template <class D, class Init, class... Options>
-py::class_<ngramcache::Exclusive<D>> bind_sequence_drafter(py::module_& m, const char* name, const char* doc,
-                                                           Init&& init, const Options&... options) {
-    using E = ngramcache::Exclusive<D>;
-    using Claim = typename E::Claim;
-    // reset and accept take tokens alike: the drafter claimed, the GIL released
-    const auto tokens_step = [](void (D::*step)(const token_t*, size_t)) {
-        return [step](E& e, const Tokens& t) {
-            Claim d(e);
-            nogil([&] { ((*d).*step)(t.data(), len(t)); });
-        };
-    };
-    py::class_<E> c(m, name, doc);
-    c.def(std::forward<Init>(init), options...)
-        .def("reset", tokens_step(&D::reset), "prompt"_a)
-        .def("accept", tokens_step(&D::accept), "tokens"_a)
-        .def(
-            "propose",
-            [](E& e, size_t n_max) {
-                Claim d(e);
-                // a drafter may find more than asked; only n_max are handed over
-                return proposal(n_max, [&](token_t* out) { return std::min(d->propose(n_max, out), n_max); });
-            },
-            "n_max"_a)
-        .def_property_readonly(
-            "confidence", [](E& e) { return e.use().confidence(); },
-            "The last proposal's confidence (a match length), for the adaptive gate.");
+class CompiledDrafter {
+public:
+    virtual ~CompiledDrafter() = default;
+    virtual void reset(const Tokens& prompt) = 0;
+    virtual void accept(const Tokens& tokens) = 0;
+    virtual py::array_t<int32_t> propose(size_t n_max) = 0;
+    virtual int confidence() = 0;
+    virtual ngramcache::DrafterReplayResult replay(const Tokens& tokens, const ngramcache::ReplayOptions& opt,
+                                                   const Progress& progress) = 0;
+};
+
+template <class D>
+class Bound final : public CompiledDrafter, public ngramcache::Exclusive<D> {
+    using Claim = typename ngramcache::Exclusive<D>::Claim;
+
+public:
+    using ngramcache::Exclusive<D>::Exclusive;
+
+    void reset(const Tokens& prompt) override {
+        Claim d(*this);
+        nogil([&] { d->reset(prompt.data(), len(prompt)); });
+    }
+    void accept(const Tokens& tokens) override {
+        Claim d(*this);
+        nogil([&] { d->accept(tokens.data(), len(tokens)); });
+    }
+    py::array_t<int32_t> propose(size_t n_max) override {
+        Claim d(*this);
+        // a drafter may find more than asked; only n_max are handed over
+        return proposal(n_max, [&](token_t* out) { return std::min(d->propose(n_max, out), n_max); });
+    }
+    int confidence() override { return this->use().confidence(); }
+    ngramcache::DrafterReplayResult replay(const Tokens& tokens, const ngramcache::ReplayOptions& opt,
+                                           const Progress& progress) override {
+        Claim d(*this);
+        return with_progress(progress, [&](const ngramcache::ReplayProgress& cb) {
+            return ngramcache::replay_drafter(*d, tokens.data(), len(tokens), opt, cb);
+        });
+    }
+};
+
+// The base class and replay_drafter, once, before any drafter's class.
+inline void register_compiled_drafter(py::module_& m) {
+    py::class_<CompiledDrafter>(m, "CompiledDrafter", "A drafter of the sequence protocol, compiled.")
+        .def("reset", &CompiledDrafter::reset, "prompt"_a)
+        .def("accept", &CompiledDrafter::accept, "tokens"_a)
+        .def("propose", &CompiledDrafter::propose, "n_max"_a)
+        .def_property_readonly("confidence", &CompiledDrafter::confidence,
+                               "The last proposal's confidence (a match length), for the adaptive gate.");
     m.def(
         "replay_drafter",
-        [](E& e, const Tokens& tokens, size_t n_ctx, size_t n_draft, const Progress& progress) {
-            Claim d(e);
+        [](CompiledDrafter& d, const Tokens& tokens, size_t n_ctx, size_t n_draft, const Progress& progress) {
             ngramcache::ReplayOptions opt;
             opt.n_ctx = n_ctx;
             opt.n_draft = n_draft;
-            return with_progress(progress, [&](const ngramcache::ReplayProgress& cb) {
-                return ngramcache::replay_drafter(*d, tokens.data(), len(tokens), opt, cb);
-            });
+            return d.replay(tokens, opt, progress);
         },
         "drafter"_a, "tokens"_a, "n_ctx"_a, "n_draft"_a, "progress"_a.none(true));
+}
+
+template <class D, class Init, class... Options>
+py::class_<Bound<D>, CompiledDrafter> bind_sequence_drafter(py::module_& m, const char* name, const char* doc,
+                                                            Init&& init, const Options&... options) {
+    py::class_<Bound<D>, CompiledDrafter> c(m, name, doc);
+    c.def(std::forward<Init>(init), options...);
     return c;
 }
 

@@ -26,21 +26,9 @@
 
 namespace ngramcache {
 
-struct DrafterReplayResult {
-    int64_t n_input = 0;
-    int64_t n_ctx = 0;
-    int64_t n_draft = 0;
-    int64_t n_chunks = 0;
-    int64_t n_steps = 0;        // propose calls
-    int64_t n_drafted = 0;
-    int64_t n_accept = 0;
-    int64_t t_draft_ns = 0;     // propose + accept calls
-    int64_t t_replay_ns = 0;    // the whole loop
-    std::vector<int64_t> draft_length_hist;    // [k]: steps that proposed k tokens
-    std::vector<int64_t> accept_length_hist;   // [k]: non-empty proposals with k tokens accepted
-    std::vector<int64_t> drafted_by_position;  // [i]: proposals that reached position i
-    std::vector<int64_t> accepted_by_position; // [i]: proposals whose token i was accepted
-};
+// replay_drafter()'s counts: a drafter of the sequence protocol has no sources or n-gram
+// sizes to count by, so those of every loop.
+struct DrafterReplayResult : ReplayCounts {};
 
 template <class Drafter>
 DrafterReplayResult replay_drafter(Drafter& d, const token_t* inp, size_t n_input, const ReplayOptions& opt,

@@ -40,24 +40,29 @@ struct ReplayOptions {
     bool dynamic_key_order = true;
 };
 
-struct ReplayResult {
+// What every replay loop counts: replay() here and replay_drafter() in drafter_replay.hpp.
+struct ReplayCounts {
     int64_t n_input = 0;
     int64_t n_ctx = 0;
     int64_t n_draft = 0;
     int64_t n_chunks = 0;       // chunks replayed
-    int64_t n_steps = 0;        // draft calls
+    int64_t n_steps = 0;        // draft (propose) calls
     int64_t n_drafted = 0;
     int64_t n_accept = 0;
-    int64_t t_draft_ns = 0;     // draft calls + context updates, as llama.cpp times them
+    int64_t t_draft_ns = 0;     // draft calls + context updates (propose + accept), as llama.cpp times them
     int64_t t_replay_ns = 0;    // the whole loop, merges included (overlap pass excluded)
-    int64_t drafted_by_source[kNumSources] = {0, 0, 0};
-    int64_t accepted_by_source[kNumSources] = {0, 0, 0};
-    int64_t drafted_by_ngram[kNgramMax] = {0, 0, 0, 0};   // index = n-gram size - 1
-    int64_t accepted_by_ngram[kNgramMax] = {0, 0, 0, 0};
     std::vector<int64_t> draft_length_hist;    // [k]: draft calls that drafted k tokens
     std::vector<int64_t> accept_length_hist;   // [k]: non-empty drafts with k tokens accepted
     std::vector<int64_t> drafted_by_position;  // [i]: drafts that reached position i
     std::vector<int64_t> accepted_by_position; // [i]: drafts whose token i was accepted
+};
+
+// replay()'s counts: those of every loop, by source and n-gram size, and the overlap.
+struct ReplayResult : ReplayCounts {
+    int64_t drafted_by_source[kNumSources] = {0, 0, 0};
+    int64_t accepted_by_source[kNumSources] = {0, 0, 0};
+    int64_t drafted_by_ngram[kNgramMax] = {0, 0, 0, 0};   // index = n-gram size - 1
+    int64_t accepted_by_ngram[kNgramMax] = {0, 0, 0, 0};
     // Overlap (docs/cli.md): predicted positions p of the replayed text (every token but
     // the first two) and how many had their preceding 2-gram t[p-2] t[p-1] already seen.
     int64_t overlap_positions = 0;
@@ -127,7 +132,7 @@ inline int64_t elapsed_ns(std::chrono::steady_clock::time_point t0) {
 
 // What every replay loop (replay() here, replay_drafter() in drafter_replay.hpp) checks
 // before it starts, and the counters it starts from: the sizes the options give, the
-// per-length and per-position arrays at zero. Result is ReplayResult or DrafterReplayResult.
+// per-length and per-position arrays at zero. Result derives from ReplayCounts.
 template <class Result>
 Result start_replay(size_t n_input, const ReplayOptions& opt) {
     if (opt.n_ctx < 2) throw InputError("n_ctx must be >= 2, got " + std::to_string(opt.n_ctx));
