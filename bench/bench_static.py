@@ -30,7 +30,7 @@ the variants alternate:
   microseconds per drafted token, and both must draft and accept exactly the same;
 - lookups (needs g++): cpp/bench/bench_static.cpp, ns per find2 + best + count, both
   sources, same answers checked.
-llama.cpp's own figures (../shared/anchors.md, same machine kind) are printed beside them.
+llama.cpp's own figures (docs/benchmarks.md, "llama.cpp's figures on this machine kind") are printed beside them.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ SIZES_MB = (8, 16, 31)
 N_CTX, N_DRAFT = 4096, 8
 EVAL_TOKENS = 200_000
 
-# ../shared/anchors.md (llama.cpp 0c1e5709, this machine kind)
+# llama.cpp 0c1e5709 on this machine kind (docs/benchmarks.md, "llama.cpp's figures on this machine kind")
 LLAMA_CREATE = {8: (8.7, 0.60e9), 16: (14.5, 0.85e9), 32: (35.0, 1.31e9)}  # s, peak RSS bytes
 LLAMA_COUNT_OBS_PER_S = 3.8e6
 LLAMA_LOAD = "36 MB static cache: 1.1-1.2 s, +258 MiB resident (7.5x the file)"

