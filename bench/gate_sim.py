@@ -167,8 +167,11 @@ def simulate(models: list[str], in_dir: Path, costs_by_model: dict, variants: di
             o, _ = _run(rec, data["n_vocab"], costs, OracleDrafter(out, n_draft=k_or), 0.0)
             cells = {"oracle": o}
             for vname, make in variants.items():
-                drafter = make(costs)
-                if vname.endswith("ceiling"):  # the drafter, cut by a gate that knows the answer
+                if make is None:  # any copy from the text seen, chosen knowing the answer
+                    drafter = AnyCopyCeiling(out, len(rec["prompt"]), costs, n_draft)
+                else:
+                    drafter = make(costs)
+                if make is not None and vname.endswith("ceiling"):  # cut by a gate that knows the answer
                     drafter = ClairvoyantGate(drafter, out, len(rec["prompt"]), costs)
                 s, r = _run(rec, data["n_vocab"], costs, drafter, step_s)
                 cells[vname] = s
@@ -298,13 +301,54 @@ class ClairvoyantGate:
         return cand[:right]
 
 
+class AnyCopyCeiling:
+    """The ceiling of every drafter that copies from the text it has seen: it proposes the
+    longest prefix of the true continuation that stands anywhere in the prompt and output so
+    far (up to ``n_max`` tokens), and nothing where that does not pay for its verification.
+    Where this falls short of the oracle, the model writes tokens the text does not hold."""
+
+    def __init__(self, truth: np.ndarray, n_prompt: int, costs: list[float], n_draft: int):
+        from ngramcache.drafters.base import DraftStats
+
+        self.truth, self.n_prompt, self.costs, self.n_draft = truth, n_prompt, costs, n_draft
+        self.stats = DraftStats()
+        self.seen: list[int] = []
+
+    def reset(self, prompt_tokens):
+        self.seen = [int(t) for t in prompt_tokens]
+
+    def accept(self, tokens):
+        self.seen += [int(t) for t in tokens]
+
+    def propose(self, n_max):
+        at = len(self.seen) - self.n_prompt
+        want = self.truth[at: at + min(n_max, self.n_draft)].tolist()
+        # a copy needs its span to stand in the text: grow the prefix while it still occurs
+        text = np.asarray(self.seen, dtype=np.int32).tobytes()
+        right = 0
+        while right < len(want) and _occurs(text, np.asarray(want[: right + 1], dtype=np.int32).tobytes()):
+            right += 1
+        if right == 0 or (right + 1) / self.costs[min(right, len(self.costs) - 1)] <= 1.0:
+            return np.zeros(0, dtype=np.int32)
+        return np.asarray(want[:right], dtype=np.int32)
+
+
+def _occurs(text: bytes, pattern: bytes) -> bool:
+    """Whether ``pattern`` stands in ``text`` at a whole token (4-byte) boundary."""
+    i = text.find(pattern)
+    while i >= 0 and i % 4:
+        i = text.find(pattern, i + 1)
+    return i >= 0
+
+
 def _default_variants(n_draft: int) -> dict:
     def gated(drafter, **gate):
         return lambda costs: _costs.gated_drafter(costs, drafter, n_draft, gate_options=gate or None)
     from ngramcache.drafters.catalog import make_drafter
 
     return {"copy": gated("copy"), "suffix": gated("suffix"),
-            "copy ceiling": lambda costs: make_drafter("copy", n_draft=n_draft)}
+            "copy ceiling": lambda costs: make_drafter("copy", n_draft=n_draft),
+            "any-copy ceiling": None}
 
 
 def print_table(table: dict, variants) -> None:

@@ -145,6 +145,17 @@ def test_the_priors_follow_how_this_text_is_going():
     assert g.choose(long_copy, 8) == 0 < AdaptiveGate(costs).choose(long_copy, 8)
 
 
+def test_long_copies_that_keep_hitting_do_not_raise_a_short_match_prior():
+    costs = [1.0, 1.6, 2.0, 2.5, 2.9, 3.4, 3.8, 4.3, 4.9]
+    g = AdaptiveGate(costs)
+    long_copy, short = g.state(30, 1, source=1), g.state(2, 1, source=1)
+    before = g.probabilities(short, 8)
+    for _ in range(40):
+        g.observe(long_copy, 8, 8)  # a text that copies far better than the priors expect
+    assert np.allclose(g.probabilities(short, 8), before)
+    assert g.probabilities(long_copy, 8)[0] > before[0]  # the long copies' own estimate rose
+
+
 def test_prior_table_is_complete_and_within_zero_and_one():
     from ngramcache.decoding import gate_priors
 

@@ -55,8 +55,8 @@ class AdaptiveGate:
     default) is a table of how often drafts in each state and at each position were right
     on a varied set of prompts and models (``ngramcache.decoding.gate_priors``): a copy
     that continues a 30-token match is drafted long from the first step, a one-token
-    match is not drafted at all. That prior is scaled by how this text is going: the
-    hits seen over all states against the hits the priors expected. ``priors=None``: one
+    match is not drafted at all. That prior is scaled down by how this text is going: the
+    hits seen over all states against the hits the priors expected, when fewer. ``priors=None``: one
     flat Beta ``prior`` for every state, shrunk towards the estimate pooled over states;
     then ``carry_forward=True`` estimates a position no proposal has reached yet from the
     furthest position reached, so draft lengths grow at once where long drafts have been
@@ -138,8 +138,11 @@ class AdaptiveGate:
             m, pe = self._prior_means[state], self._pool_expected
             out = []
             for j in range(n):
-                # this text against the priors' expectation, shrunk to 1 while little is seen
-                scale = (ph[j] + PRIOR_WEIGHT) / (pe[j] + PRIOR_WEIGHT)
+                # this text against the priors' expectation, shrunk to 1 while little is seen.
+                # Only ever down: hits beyond the expected come from the states that copy
+                # well (long matches) and say nothing of the others; a state's own hits
+                # raise its own estimate.
+                scale = min(1.0, (ph[j] + PRIOR_WEIGHT) / (pe[j] + PRIOR_WEIGHT))
                 target = min(MAX_PRIOR, m[j] * scale)
                 out.append((h[j] + w * target) / (t[j] + w))
             return out
