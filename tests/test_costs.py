@@ -145,6 +145,31 @@ def test_stored_costs_measures_once_and_keeps_only_quiet_measurements(tmp_path):
     assert measured[-2:] == [2, 2]
 
 
+def test_recalibrate_measures_each_stored_curve_again_once_per_process(tmp_path, monkeypatch):
+    path = str(tmp_path / "costs.json")
+    measured = []
+
+    def measure(scale):
+        def run(n):
+            measured.append(scale)
+            costs = [1.0 + scale * k for k in range(n)]
+            return C.Calibration(costs=costs, sizes=list(range(1, n + 1)), medians=costs, rounds=5,
+                                 spread=0.01, noisy=False, seconds=0.1)
+        return run
+
+    monkeypatch.setattr(C, "_RECALIBRATED", set())
+    assert stored_costs(_key(), measure(1.0), 3, path=path) == [1.0, 2.0, 3.0]  # an old machine's curve
+    monkeypatch.setenv("NGRAMCACHE_RECALIBRATE", "1")
+    assert stored_costs(_key(), measure(2.0), 3, path=path) == [1.0, 3.0, 5.0]  # measured again, and kept
+    assert stored_costs(_key(), measure(3.0), 3, path=path) == [1.0, 3.0, 5.0]  # once: not on every request
+    assert measured == [1.0, 2.0]
+    monkeypatch.delenv("NGRAMCACHE_RECALIBRATE")
+    assert C.read_costs(_key(), path) == [1.0, 3.0, 5.0]
+    monkeypatch.setenv("NGRAMCACHE_RECALIBRATE", "yes")
+    with pytest.raises(ValueError, match="NGRAMCACHE_RECALIBRATE must be 0 or 1"):
+        stored_costs(_key("other"), measure(1.0), 3, path=path)
+
+
 def test_stored_costs_survive_an_unwritable_store(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -219,6 +219,17 @@ def calibrate(time_batch: Callable[[int], float], max_batch: int, repeats: int =
 
 # costs measured in this process but too noisy to keep on disk: measured once per process
 _NOISY: dict[str, list[float]] = {}
+# the curves this process measured again because NGRAMCACHE_RECALIBRATE asked for it
+_RECALIBRATED: set[str] = set()
+
+
+def recalibrate_requested() -> bool:
+    """Whether ``NGRAMCACHE_RECALIBRATE`` asks for every stored curve to be measured again
+    (once per process): ``1`` yes, ``0`` or unset no; anything else is a ValueError."""
+    value = os.environ.get("NGRAMCACHE_RECALIBRATE", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"NGRAMCACHE_RECALIBRATE must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def stored_costs(key: CostKey | None, measure: Callable[[int], Calibration], max_batch: int,
@@ -226,9 +237,15 @@ def stored_costs(key: CostKey | None, measure: Callable[[int], Calibration], max
     """Costs of batches of 1..``max_batch`` tokens: the stored ones under ``key`` if they
     reach ``max_batch``, else ``measure(max_batch)``, kept under ``key`` unless noisy
     (noisy costs are reused by this process only). ``key`` None: measured every time.
-    ``refresh``: measure again. An unwritable store only costs a new measurement later."""
+    ``refresh``: measure again; ``NGRAMCACHE_RECALIBRATE=1`` does the same for each key once
+    in this process (a stored curve can be right for the machine as it was, not as it is: a
+    curve too flat makes the gate draft where drafting loses). An unwritable store only costs
+    a new measurement later."""
     max_batch = check_int("max_batch", max_batch, 1)
     name = None if key is None else str(key)
+    if name is not None and name not in _RECALIBRATED and recalibrate_requested():
+        refresh = True
+        _RECALIBRATED.add(name)
     if name is not None and not refresh:
         for costs in (read_costs(name, path), _NOISY.get(name)):
             if costs is not None and len(costs) >= max_batch:
