@@ -20,21 +20,24 @@ def test_a_span_occurs_only_at_a_whole_token():
     assert b"\x01\x00\x00\x00" in text and not gate_sim._occurs(text, _bytes([1]))
 
 
-def test_the_any_copy_ceiling_proposes_the_longest_copyable_prefix_of_the_answer():
+def test_the_copyable_prefix_is_the_longest_that_stands_in_the_text_seen():
     prompt = [5, 6, 7, 8, 9, 1, 2]
     truth = np.array([7, 8, 9, 4, 7], dtype=np.int32)  # 7 8 9 stand in the prompt, 7 8 9 4 does not
-    d = gate_sim.AnyCopyCeiling(truth, len(prompt), COSTS, n_draft=8)
-    d.reset(prompt)
-    assert d.propose(8).tolist() == [7, 8, 9]
-    assert d.propose(2).tolist() == [7, 8]
-    d.accept([7, 8, 9])
-    assert d.propose(8).size == 0  # 4 was never seen: no copy holds it
-    d.accept([4])
-    assert d.propose(8).tolist() == [7]
+    assert gate_sim.copyable_lengths(prompt, truth, n_draft=8) == [3, 2, 1, 0, 1]
+    assert gate_sim.copyable_lengths(prompt, truth, n_draft=2) == [2, 2, 1, 0, 1]  # at most n_draft
+    # 4 was never seen before it was written; once written, the 7 after it is a copy again
 
 
-def test_nothing_is_proposed_where_the_copy_does_not_pay():
+def test_the_any_copy_ceiling_is_the_best_plan_of_copies():
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    truth = np.array([0, 2, 3, 4, 5, 6, 7, 8, 9], dtype=np.int32)  # then a copy of 8 tokens
+    speedup, drafted = gate_sim.any_copy_ceiling(prompt, truth, COSTS, n_draft=8)
+    # token 0 comes with the prompt; one step drafts 2..9 (7 tokens: the 8th would pass the end)
+    assert drafted == 7 and speedup == 8 / COSTS[7]
+
+
+def test_nothing_is_drafted_where_the_copy_does_not_pay():
     steep = [1.0, 2.5, 3.5]  # one drafted token costs more than the two tokens it can give
-    d = gate_sim.AnyCopyCeiling(np.array([3, 9], dtype=np.int32), 2, steep, n_draft=8)
-    d.reset([3, 3])
-    assert d.propose(8).size == 0
+    truth = np.array([3, 3, 3, 3], dtype=np.int32)
+    assert gate_sim.copyable_lengths([3, 3], truth, n_draft=8)[1] == 3  # copies there are, all right
+    assert gate_sim.any_copy_ceiling([3, 3], truth, steep, n_draft=8) == (1.0, 0)
