@@ -13,7 +13,11 @@ timed benchmarks (bench_e2e.py, bench_chat.py) then confirm the policies that lo
     .venv/bin/python bench/gate_sim.py simulate --dir /tmp/gate-sim --models smollm2,gemma
 
 Modelled time per step: ``cost(k+1)`` for verifying k drafted tokens (cost(1) = one plain
-step), plus the drafter's own measured time in units of one plain step (``--step-ms``).
+step), plus the drafter's own measured time in units of one plain step (``--step-ms``). The
+gate is told each verification's modelled time, with a log-normal spread (``--clock-noise``),
+to check its curve against (``VerifyTimes``). ``--stale F`` gives the gates a curve whose
+extra cost over one token is F times the true one (F < 1: a curve flatter than the machine),
+and compares the gate that checks its curve with one that takes it as given.
 """
 
 from __future__ import annotations
@@ -135,10 +139,36 @@ class ReplayBackend:
         return row
 
 
-def _run(rec, n_vocab, costs, drafter, step_s):
+class ModelledClock:
+    """A drafter whose verifications are reported with their modelled time (the true
+    ``cost(k)`` of the batch, in plain steps, times a log-normal factor of spread ``noise``),
+    not the replay's own microseconds."""
+
+    def __init__(self, drafter, costs: list[float], noise: float, seed: int = 0):
+        self.inner, self.costs, self.noise = drafter, costs, noise
+        self.rng = np.random.default_rng(seed)
+        self.stats = drafter.stats
+
+    def reset(self, prompt_tokens):
+        self.inner.reset(prompt_tokens)
+
+    def accept(self, tokens):
+        self.inner.accept(tokens)
+
+    def propose(self, n_max):
+        return self.inner.propose(n_max)
+
+    def verified(self, n_tokens, seconds):
+        t = self.costs[min(n_tokens, len(self.costs)) - 1]
+        self.inner.verified(n_tokens, t * float(np.exp(self.rng.normal(0.0, self.noise))) if self.noise else t)
+
+
+def _run(rec, n_vocab, costs, drafter, step_s, noise=0.0):
     prompt = np.asarray(rec["prompt"], dtype=np.int32)
     output = np.asarray(rec["output"], dtype=np.int32)
     be = ReplayBackend(prompt, output, n_vocab, costs)
+    if callable(getattr(drafter, "verified", None)):
+        drafter = ModelledClock(drafter, costs, noise)
     r = generate(be, prompt, drafter, int(output.size))
     assert r.tokens.tolist() == output.tolist()
     plain_units = output.size - 1
@@ -151,7 +181,7 @@ def oracle_k(costs: list[float], n_max: int) -> int:
 
 
 def simulate(models: list[str], in_dir: Path, costs_by_model: dict, variants: dict, n_draft: int,
-             step_ms: dict) -> dict:
+             step_ms: dict, stale: float = 1.0, noise: float = 0.0) -> dict:
     from ngramcache.drafters.oracle import OracleDrafter
 
     table = {}
@@ -171,10 +201,10 @@ def simulate(models: list[str], in_dir: Path, costs_by_model: dict, variants: di
                     cells[vname], drafted = any_copy_ceiling(rec["prompt"], out, costs, n_draft)
                     cells[vname + ":acc"] = (drafted, drafted)
                     continue
-                drafter = make(costs)
+                drafter = make([1.0 + stale * (c - 1.0) for c in costs])  # the curve the gate is given
                 if vname.endswith("ceiling"):  # cut by a gate that knows the answer
                     drafter = ClairvoyantGate(drafter, out, len(rec["prompt"]), costs)
-                s, r = _run(rec, data["n_vocab"], costs, drafter, step_s)
+                s, r = _run(rec, data["n_vocab"], costs, drafter, step_s, noise)
                 cells[vname] = s
                 cells[vname + ":acc"] = (r.accepted, r.drafted)
             rows[rec["workload"]] = cells
@@ -345,11 +375,14 @@ def _occurs(text: bytes, pattern: bytes) -> bool:
     return i >= 0
 
 
+def _gated(n_draft: int, drafter: str, **gate):
+    return lambda costs: _costs.gated_drafter(costs, drafter, n_draft, gate_options=gate or None)
+
+
 def _default_variants(n_draft: int) -> dict:
-    def gated(drafter, **gate):
-        return lambda costs: _costs.gated_drafter(costs, drafter, n_draft, gate_options=gate or None)
     from ngramcache.drafters.catalog import make_drafter
 
+    gated = lambda drafter: _gated(n_draft, drafter)  # noqa: E731
     return {"copy": gated("copy"), "suffix": gated("suffix"),
             "copy ceiling": lambda costs: make_drafter("copy", n_draft=n_draft),
             "any-copy ceiling": None}
@@ -393,6 +426,11 @@ def main(argv=None) -> int:
     s.add_argument("--costs", help="JSON {model: [cost of 1, 2, ... tokens]} (default: the stored curves)")
     s.add_argument("--step-ms", default="smollm2=9,gemma=14",
                    help="one plain step's time per model, to charge the drafter's own time")
+    s.add_argument("--clock-noise", type=float, default=0.2,
+                   help="log-normal spread of the verification times the gates are told")
+    s.add_argument("--stale", type=float, default=None,
+                   help="give the gates a curve whose extra cost is this times the true one, and compare "
+                        "the gate that checks its curve with one that does not")
     t = sub.add_parser("states")
     t.add_argument("--models", default="smollm2,gemma")
     t.add_argument("--dir", default="/tmp/gate-sim")
@@ -420,7 +458,11 @@ def main(argv=None) -> int:
     curves = json.loads(args.costs) if args.costs else {m: stored_curve(m) for m in models}
     step_ms = {k: float(v) for k, v in (kv.split("=") for kv in args.step_ms.split(","))}
     variants = _default_variants(args.n_draft)
-    print_table(simulate(models, Path(args.dir), curves, variants, args.n_draft, step_ms), list(variants))
+    if args.stale is not None:
+        variants = {k: variants[k] for k in ("copy", "copy ceiling")}
+        variants["copy, curve unchecked"] = _gated(args.n_draft, "copy", verify_times=False)
+    print_table(simulate(models, Path(args.dir), curves, variants, args.n_draft, step_ms,
+                         1.0 if args.stale is None else args.stale, args.clock_noise), list(variants))
     return 0
 
 

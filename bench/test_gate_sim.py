@@ -41,3 +41,26 @@ def test_nothing_is_drafted_where_the_copy_does_not_pay():
     truth = np.array([3, 3, 3, 3], dtype=np.int32)
     assert gate_sim.copyable_lengths([3, 3], truth, n_draft=8)[1] == 3  # copies there are, all right
     assert gate_sim.any_copy_ceiling([3, 3], truth, steep, n_draft=8) == (1.0, 0)
+
+
+def test_the_gate_is_told_the_modelled_time_of_each_verification():
+    class Recorder:
+        stats = None
+
+        def __init__(self):
+            self.seen = []
+
+        def verified(self, n_tokens, seconds):
+            self.seen.append((n_tokens, seconds))
+
+    rec = Recorder()
+    exact = gate_sim.ModelledClock(rec, COSTS, noise=0.0)
+    exact.verified(3, 1e-6)  # the replay's own microseconds are not what the gate hears
+    exact.verified(40, 1e-6)  # beyond the curve: its last cost
+    assert rec.seen == [(3, 1.4), (40, 2.6)]
+    noisy = gate_sim.ModelledClock(rec, COSTS, noise=0.2, seed=1)
+    times = []
+    for _ in range(200):
+        noisy.verified(5, 0.0)
+        times.append(rec.seen[-1][1])
+    assert 1.6 < float(np.median(times)) < 2.0 and np.std(np.log(times)) > 0.1

@@ -170,3 +170,125 @@ def test_prior_table_is_complete_and_within_zero_and_one():
 def test_priors_must_be_known():
     with pytest.raises(ValueError, match="priors"):
         AdaptiveGate([1.0, 2.0], priors="optimistic")
+
+
+# -- the curve checked against the run's own verification times ------------------------
+
+STALE = [1.0, 1.5, 2.0, 2.5, 3.0]  # a stored curve flatter than the machine now
+
+
+def test_verify_times_scale_the_curves_extra_cost_by_what_batches_really_take():
+    from ngramcache.decoding.gate import VerifyTimes
+
+    vt = VerifyTimes(decay=1.0, weight=8.0, min_plain=3)
+    vt.observe(5, 6.0, 3.0)  # no unit yet: a batch alone says nothing
+    assert vt.scale == 1.0 and vt.plain_seconds is None
+    for _ in range(3):
+        vt.observe(1, 1.0, 1.0)
+    assert vt.plain_seconds == pytest.approx(1.0)
+    # one batch of 5 that took 6 units where the curve says 3: extra 5 seen against 2,
+    # shrunk with 8 units of the curve's own: (5 + 8) / (2 + 8)
+    assert vt.scale == pytest.approx(1.3)
+    for _ in range(200):
+        vt.observe(5, 6.0, 3.0)
+    # (the scale moves in steps of over 1 %, so that gates rescale their curves rarely)
+    assert vt.scale == pytest.approx((201 * 5 + 8) / (201 * 2 + 8), rel=0.01)
+    # cheaper than the curve says: the scale falls below 1
+    cheap = VerifyTimes(decay=1.0)
+    for _ in range(3):
+        cheap.observe(1, 1.0, 1.0)
+    for _ in range(50):
+        cheap.observe(5, 2.0, 3.0)
+    assert 0.5 < cheap.scale < 0.6
+
+
+def test_a_hiccup_counts_as_at_most_four_times_the_expected_time():
+    from ngramcache.decoding.gate import VerifyTimes
+
+    vt = VerifyTimes(decay=1.0)
+    for _ in range(3):
+        vt.observe(1, 1.0, 1.0)
+    vt.observe(1, 1000.0, 1.0)  # the process was descheduled for a while
+    assert vt.plain_seconds == pytest.approx(7.0 / 4)
+    vt.observe(3, 1e6, 2.0)
+    assert vt.scale <= 4.0
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        vt.observe(1, bad, 1.0)  # not a time: ignored
+    assert vt.plain_seconds == pytest.approx(7.0 / 4)
+
+
+def test_a_gate_on_a_stale_curve_drafts_less_once_batches_turn_out_dearer():
+    g = AdaptiveGate(STALE, prior=(19, 1), priors=None)
+    s = g.state(8, 1)
+    assert g.choose(s, 4) == 4  # p = 0.95: E(4) = 4.52 over 3.0 on the stored curve
+    for _ in range(5):
+        g.observe_verify(1, 0.010)
+    for _ in range(30):
+        g.observe_verify(5, 0.045)  # 4.5 steps, not 3.0: the extra cost is 1.75 times the curve's
+    assert g.verify_times.scale > 1.5
+    assert g.effective_costs[4] > 4.0
+    assert g.choose(s, 4) < 4
+    # the curve as given, not checked
+    fixed = AdaptiveGate(STALE, prior=(19, 1), priors=None, verify_times=False)
+    for _ in range(30):
+        fixed.observe_verify(5, 0.045)
+    assert fixed.verify_times is None and fixed.choose(s, 4) == 4
+    assert fixed.effective_costs.tolist() == fixed.costs.tolist()
+    with pytest.raises(TypeError, match="verify_times"):
+        AdaptiveGate(STALE, verify_times="yes")
+
+
+def test_gates_can_share_one_machines_verification_times():
+    from ngramcache.decoding.gate import VerifyTimes
+
+    vt = VerifyTimes()
+    a, b = AdaptiveGate(STALE, verify_times=vt), AdaptiveGate(STALE, verify_times=vt)
+    for _ in range(5):
+        a.observe_verify(1, 0.010)
+    for _ in range(10):
+        a.observe_verify(5, 0.045)
+    assert b.verify_times is vt and b.effective_costs[4] == a.effective_costs[4] > 3.0
+    a.observe_verify(40, 1.0)  # beyond the curve: not used
+    assert vt.scale == pytest.approx(a.verify_times.scale)
+
+
+def test_drafts_that_lost_time_raise_the_margin_until_won_back_or_forgotten():
+    costs = [1.0, 1.5, 2.0, 2.5, 3.0]
+    g = AdaptiveGate(costs, prior=(9, 1), priors=None, verify_times=False)  # p = 0.9
+    s = g.state(8, 1)
+    assert g.choose(s, 4) == 3  # E(3) = 3.44 over 2.5: 1.38, past the 5 % margin
+    for _ in range(3):
+        g.settled(4, 0)  # three drafts of 4, all wrong: 3 x (1 - 3.0) steps lost
+    assert g.profit == pytest.approx(-2.0 * (1 + 0.99 + 0.99 ** 2))
+    assert g.choose(s, 4) == 3  # 1.38 still beats the largest margin, 1.2
+    g2 = AdaptiveGate(costs, prior=(3, 1), priors=None, verify_times=False)  # p = 0.75
+    assert g2.choose(s, 2) == 1  # E(1) = 1.75 over 1.5: 1.17
+    g2.settled(2, 0)  # lost 1 step: the margin is 0.05 + 1 / 2.5, at most 0.2
+    assert g2.choose(s, 2) == 0
+    for _ in range(200):
+        g2.settled(0, 0)  # plain steps: the deficit decays
+    assert g2.choose(s, 2) == 1
+    g2.settled(2, 0)
+    assert g2.choose(s, 2) == 0
+    g2.settled(2, 2)
+    g2.settled(2, 2)  # won back: 1 + 2 - 2.0 each
+    assert g2.profit > 0 and g2.choose(s, 2) == 1
+    for bad in (dict(loss_scale=0), dict(loss_decay=0), dict(loss_decay=1.5), dict(max_margin=0.01)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            AdaptiveGate(costs, **bad)
+
+
+def test_a_drafter_reports_each_settled_draft_to_its_gate():
+    from ngramcache import CopyDrafter
+
+    gate = AdaptiveGate([1.0, 1.5, 2.0, 2.5, 3.0], verify_times=False)
+    seen = []
+    gate.settled = lambda k, n: seen.append((k, n))
+    d = CopyDrafter(n_draft=4, gate=gate)
+    d.reset(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], dtype=np.int32))
+    draft = d.propose(4)
+    d.accept(np.array([4, 5, 9], dtype=np.int32))  # two drafted tokens kept, then the model's own
+    assert seen == [(draft.size, min(2, draft.size))]
+    d.propose(0)
+    d.accept(np.array([1], dtype=np.int32))
+    assert seen[-1] == (0, 0)  # a plain step is reported too: the deficit decays with steps

@@ -432,3 +432,19 @@ def test_should_stop_is_taken_between_the_prompt_pass_pieces():
     # never asked to stop: the whole prompt, then the answer
     r = generate(m, prompt, CopyDrafter(n_draft=4), 20, should_stop=lambda: False)
     assert r.tokens.tolist() == reference(prompt, 20)
+
+
+def test_the_loop_reports_each_verifications_size_and_time_to_the_drafter():
+    times = []
+
+    class Timed(RejectingDrafter):
+        def verified(self, n_tokens, seconds):
+            times.append((n_tokens, seconds))
+
+    fm = FakeModel()
+    r = generate(fm, PROMPT, Timed(n_draft=4), 60)
+    assert r.tokens.tolist() == reference(PROMPT, 60)
+    # one report per step after the prompt's pass, sized as the decode it timed
+    assert len(times) == r.steps and [n for n, _ in times] == fm.decodes[-r.steps:]
+    assert all(0 < s < r.t_total for _, s in times)
+    assert sum(s for _, s in times) == pytest.approx(r.t_verify)

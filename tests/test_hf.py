@@ -246,6 +246,34 @@ def test_draft_cut_at_eos_and_max_length():
         gen.eos_token_id = "x"
 
 
+def test_each_verification_is_timed_for_the_drafters_gate(tiny):
+    class Timed(Fixed):
+        def __init__(self, tokens):
+            super().__init__(tokens)
+            self.times = []
+
+        def verified(self, n_tokens, seconds):
+            self.times.append((n_tokens, seconds))
+
+    class Recording(hf.DrafterCandidateGenerator):
+        handed = []
+
+        def get_candidates(self, input_ids, **kwargs):
+            out, logits = super().get_candidates(input_ids, **kwargs)
+            self.handed.append(out.shape[1] - input_ids.shape[1] + 1)
+            return out, logits
+
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    drafter = Timed([9, 9, 9])
+    gen = Recording(drafter, max_length=100)
+    hf.generate(tiny, ids, gen, max_new_tokens=12, do_sample=False)
+    # each batch handed out (the draft and the model's own token) is timed once transformers
+    # reports its verification
+    assert len(drafter.times) >= 3 and drafter.times[0][0] == 4
+    assert [n for n, _ in drafter.times] == gen.handed[: len(drafter.times)]
+    assert all(s > 0 for _, s in drafter.times)
+
+
 class EndsWith(StoppingCriteria):
     def __init__(self, tok):
         self.tok = tok

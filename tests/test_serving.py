@@ -115,6 +115,8 @@ def test_with_costs_the_drafter_is_gated_and_the_answer_unchanged():
         d = engine.make_drafter("copy", 8)
         assert d.gate is not None and len(d.gate.costs) == 9
         assert np.allclose(d.gate.costs[:4], [1.0, 1.1, 1.2, 1.3])
+        # every conversation's gate checks the curve against the same machine's times
+        assert d.gate.verify_times is engine.verify_times is engine.make_drafter("suffix", 4).gate.verify_times
         r = engine.run(Job(prompt=np.array(PROMPT, dtype=np.int32), max_tokens=40), timeout=60)
         assert r.tokens.tolist() == reference(PROMPT, 40)
     finally:

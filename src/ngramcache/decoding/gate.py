@@ -15,12 +15,77 @@ import numpy as np
 
 from ngramcache._validate import check_int
 
-__all__ = ["AdaptiveGate", "check_costs", "expected_rate"]
+__all__ = ["AdaptiveGate", "VerifyTimes", "check_costs", "expected_rate"]
 
 #: how many expected hits the scaling of the priors by this text's hits counts as already seen
 PRIOR_WEIGHT = 4.0
 #: the highest prior estimate: no draft position is ever taken as certain
 MAX_PRIOR = 0.995
+
+
+class VerifyTimes:
+    """This machine's verification times as decoding meets them, against the measured curve.
+
+    A stored cost curve is the machine as it was when it was measured: another process, a
+    different power state or a longer context can make batches dearer (or cheaper) against
+    one-token steps than the curve says, and a gate on a curve that is too flat drafts at a
+    loss. Each verification's wall time is reported to :meth:`observe` with the curve's
+    cost for its size; from them comes ``scale``, the factor by which the curve's extra cost
+    of a batch over one token is multiplied: ``cost'(k) = 1 + scale * (cost(k) - 1)``.
+
+    ``scale`` is 1 until ``min_plain`` one-token steps have been timed (the unit the batches
+    are measured in) and is shrunk towards 1 while little has been seen: the batches'
+    observed extra cost counts against ``weight`` one-token steps of extra cost at the
+    curve's value. Times decay (``decay`` per observation) so that it follows a machine that
+    changes; a time over four times the expected one (a hiccup) counts as four times.
+    Several gates on one model (a server's conversations) may share one ``VerifyTimes``.
+    """
+
+    def __init__(self, decay: float = 0.98, weight: float = 8.0, min_plain: int = 3):
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if weight <= 0:
+            raise ValueError(f"weight must be > 0, got {weight}")
+        self.decay, self.weight = float(decay), float(weight)
+        self.min_plain = check_int("min_plain", min_plain, 1)
+        self.scale = 1.0
+        #: grows whenever ``scale`` changes, so that a gate knows to rescale its curve
+        self.version = 0
+        self._plain_s = self._plain_n = 0.0  # one-token steps: decayed seconds, count
+        self._plain_seen = 0
+        self._batch_s = self._batch_n = self._batch_extra = 0.0  # batches: seconds, count, curve's extra cost
+
+    @property
+    def plain_seconds(self) -> float | None:
+        """The mean time of a one-token step so far (None before ``min_plain`` of them)."""
+        return self._plain_s / self._plain_n if self._plain_seen >= self.min_plain else None
+
+    def observe(self, n_tokens: int, seconds: float, curve_cost: float) -> None:
+        """A verification batch of ``n_tokens`` took ``seconds``; the curve says it costs
+        ``curve_cost`` one-token steps."""
+        if not (seconds > 0 and math.isfinite(seconds)) or n_tokens < 1:
+            return
+        d, unit = self.decay, self.plain_seconds
+        if n_tokens == 1:
+            if unit is not None:
+                seconds = min(seconds, 4.0 * unit)
+            self._plain_s = self._plain_s * d + seconds
+            self._plain_n = self._plain_n * d + 1.0
+            self._plain_seen += 1
+        else:
+            if unit is not None:
+                seconds = min(seconds, 4.0 * unit * (1.0 + self.scale * (curve_cost - 1.0)))
+            self._batch_s = self._batch_s * d + seconds
+            self._batch_n = self._batch_n * d + 1.0
+            self._batch_extra = self._batch_extra * d + (curve_cost - 1.0)
+        unit = self.plain_seconds
+        if unit is None or self._batch_n <= 0:
+            return
+        seen_extra = self._batch_s / unit - self._batch_n
+        scale = min(4.0, max(0.25, (seen_extra + self.weight) / (self._batch_extra + self.weight)))
+        if abs(scale - self.scale) > 0.01 * self.scale:
+            self.scale = scale
+            self.version += 1
 
 
 def check_costs(costs) -> np.ndarray:
@@ -61,6 +126,14 @@ class AdaptiveGate:
     then ``carry_forward=True`` estimates a position no proposal has reached yet from the
     furthest position reached, so draft lengths grow at once where long drafts have been
     right (for verifiers whose long batches are cheap).
+
+    Two checks keep a wrong estimate from costing much. The cost curve is checked against
+    what this run's verifications really take (``verify_times``, a :class:`VerifyTimes`;
+    loops report each batch through ``observe_verify``), so a stored curve that is flatter
+    than the machine now does not go on drafting at a loss. And what the drafts have gained
+    or lost against plain decoding so far (``profit``, in one-token steps, reported through
+    ``settled``) raises the margin a draft must beat plain by while it is negative
+    (``loss_scale``, ``loss_decay``, ``max_margin``).
     """
 
     #: proposal lengths (or match lengths) are bucketed: 1, 2-3, 4-7, 8+
@@ -71,8 +144,16 @@ class AdaptiveGate:
 
     def __init__(self, costs: Sequence[float], decay: float = 0.97, prior: tuple[float, float] = (1.0, 2.0),
                  shrink: float = 4.0, overhead: float = 0.0, min_gain: float = 0.05, carry_forward: bool = False,
-                 priors: str | None = "default"):
+                 priors: str | None = "default", verify_times: VerifyTimes | bool = True,
+                 loss_scale: float = 2.5, loss_decay: float = 0.99, max_margin: float = 0.2):
         self.costs = check_costs(costs)
+        if verify_times is True:
+            verify_times = VerifyTimes()
+        elif verify_times is not False and not isinstance(verify_times, VerifyTimes):
+            raise TypeError(f"verify_times must be a VerifyTimes, True or False, got {type(verify_times).__name__}")
+        # the curve checked against this run's own verification times (False: the curve as given)
+        self.verify_times = verify_times or None
+        self._scale_version = -1
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         if prior[0] <= 0 or prior[1] <= 0:
@@ -86,6 +167,21 @@ class AdaptiveGate:
         # drafting only when it is expected to beat plain decoding by this much: the
         # estimates that trigger a draft are the lucky ones (the winner's curse)
         self.min_gain = float(min_gain)
+        if not loss_scale > 0:
+            raise ValueError(f"loss_scale must be > 0, got {loss_scale}")
+        if not 0.0 < loss_decay <= 1.0:
+            raise ValueError(f"loss_decay must be in (0, 1], got {loss_decay}")
+        if max_margin < min_gain:
+            raise ValueError(f"max_margin must be >= min_gain, got {max_margin} < {min_gain}")
+        # drafts that have lost time in this text (one-token steps against plain decoding,
+        # ``profit`` below zero) raise the margin a draft must beat plain by, up to
+        # ``max_margin``: min_gain + deficit / loss_scale. A gate whose estimates have been
+        # too hopeful here sends only its surest drafts until the deficit has decayed
+        # (``loss_decay`` a step) or been won back.
+        self.loss_scale = float(loss_scale)
+        self.loss_decay = float(loss_decay)
+        self.max_margin = float(max_margin)
+        self.profit = 0.0
         self.decay = float(decay)
         self.prior = (float(prior[0]), float(prior[1]))
         self.shrink = float(shrink)
@@ -160,7 +256,14 @@ class AdaptiveGate:
         k_max = min(available, self.max_len)
         if k_max <= 0:
             return 0
-        best_k, best_rate = 0, 1.0 + self.min_gain  # plain decoding: 1 token per unit of cost
+        vt = self.verify_times
+        if vt is not None and vt.version != self._scale_version:
+            self._scale_version = vt.version
+            self._cost = [1.0 + vt.scale * (float(c) - 1.0) for c in self.costs]
+        margin = self.min_gain
+        if self.profit < 0:
+            margin = max(margin, min(self.max_margin, margin - self.profit / self.loss_scale))
+        best_k, best_rate = 0, 1.0 + margin  # plain decoding: 1 token per unit of cost
         expected, run = 1.0, 1.0
         cost = self._cost
         for j, p in enumerate(self._probs(state, k_max)):
@@ -170,6 +273,28 @@ class AdaptiveGate:
             if rate > best_rate:
                 best_k, best_rate = j + 1, rate
         return best_k
+
+    @property
+    def effective_costs(self) -> np.ndarray:
+        """The cost curve the gate decides on: ``costs`` with its extra cost of a batch
+        over one token scaled by what this run's verifications took (``verify_times``)."""
+        s = self.verify_times.scale if self.verify_times is not None else 1.0
+        return 1.0 + s * (self.costs - 1.0)
+
+    def observe_verify(self, n_tokens: int, seconds: float) -> None:
+        """A verification of ``n_tokens`` tokens (the last settled token and ``n_tokens - 1``
+        drafted ones) took ``seconds``: checks the cost curve against it (``verify_times``).
+        Batches beyond the curve are not used."""
+        if self.verify_times is not None and 1 <= n_tokens <= self.costs.size:
+            self.verify_times.observe(n_tokens, seconds, float(self.costs[n_tokens - 1]))
+
+    def settled(self, k: int, n_accepted: int) -> None:
+        """A draft of ``k`` tokens was verified and ``n_accepted`` of them kept: what it
+        gained over plain decoding (``1 + n_accepted`` tokens for ``cost(k + 1)``) is added
+        to ``profit``."""
+        self.profit *= self.loss_decay
+        if 0 < k <= self.max_len:
+            self.profit += 1.0 + n_accepted - self._cost[k]
 
     def observe(self, state: int, n_right: int, n_scored: int, start: int = 0) -> None:
         """Drafted tokens ``start+1 .. start+n_scored`` of a proposal made in ``state``

@@ -326,6 +326,8 @@ def _run(m: Backend, prompt, drafter, max_tokens, *, temperature=0.0, seed=None,
     out[0] = tok
     n_out = 1
     consistent = True  # the KV cache holds exactly prompt + out[:n_out - 1]
+    # a drafter that can check its costs against the verifications' real times is told them
+    verified = getattr(drafter, "verified", None) if drafter is not None else None
     try:
         if drafter is not None:
             td = time.perf_counter()
@@ -366,7 +368,10 @@ def _run(m: Backend, prompt, drafter, max_tokens, *, temperature=0.0, seed=None,
             n_acc = len(new) - 1
             if n_acc < k:
                 m.truncate(n_past + 1 + n_acc)
-            t_verify += time.perf_counter() - tv
+            tv = time.perf_counter() - tv
+            t_verify += tv
+            if verified is not None:
+                verified(k + 1, tv)
             if k:
                 drafted += k
                 accepted += n_acc

@@ -191,7 +191,10 @@ class SequenceDrafter:
         t0 = time.perf_counter()
         new = as_tokens(tokens)
         if new.size:
-            self._stats.accepted += accepted_prefix(self._last, new)
+            n_acc = accepted_prefix(self._last, new)
+            self._stats.accepted += n_acc
+            if self.gate is not None:
+                self.gate.settled(int(self._last.size), n_acc)
             if self._first is not None:
                 self._prev = 1 if int(new[0]) == self._first else 0
             elif self.gate is not None:
@@ -203,6 +206,14 @@ class SequenceDrafter:
                 self._score_pending()
         self._last = _EMPTY
         self._stats.draft_seconds += time.perf_counter() - t0
+
+    def verified(self, n_tokens: int, seconds: float) -> None:
+        """The verifier took ``seconds`` for a batch of ``n_tokens`` tokens (the last settled
+        token and the draft): the gate checks its cost curve against it
+        (``AdaptiveGate.observe_verify``). Optional for a drafter; loops that time their
+        verifications call it when it is there."""
+        if self.gate is not None:
+            self.gate.observe_verify(n_tokens, seconds)
 
     def _reset_index(self) -> None:
         """Hook: the buffer was refilled from scratch."""

@@ -154,6 +154,9 @@ class DrafterCandidateGenerator(Following, CandidateGenerator):
         self.stopping_criteria: list = []
         self.steps = 0  # get_candidates calls
         self.draft_seconds = 0.0
+        # the batch handed to transformers to verify: (its tokens, when); its time goes to the
+        # drafter's gate when transformers reports the verification
+        self._verifying: tuple[int, float] | None = None
 
     @property
     def eos_token_id(self) -> frozenset:
@@ -190,6 +193,7 @@ class DrafterCandidateGenerator(Following, CandidateGenerator):
         f = self._follower
         f.resets = f.drafted = f.accepted = 0
         f.forget()
+        self._verifying = None
 
     def figures(self) -> "Drafting":
         """The counters now, as a :class:`Drafting`."""
@@ -225,7 +229,9 @@ class DrafterCandidateGenerator(Following, CandidateGenerator):
             if self.stopping_criteria:
                 out = self._cut_at_stop(out, int(ids.size))
         self._follower.handed_out(draft[: out.shape[1] - ids.size])
-        self.draft_seconds += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.draft_seconds += t1 - t0
+        self._verifying = (int(out.shape[1] - ids.size) + 1, t1)
         return out, None
 
     def _cut_at_stop(self, seq, n0: int):
@@ -241,6 +247,12 @@ class DrafterCandidateGenerator(Following, CandidateGenerator):
         """transformers' report after verification: the drafter is given the verified
         tokens at once."""
         t0 = time.perf_counter()
+        if self._verifying is not None:
+            n_tokens, since = self._verifying
+            self._verifying = None
+            verified = getattr(self.drafter, "verified", None)
+            if verified is not None:
+                verified(n_tokens, t0 - since)
         self._follower.follow(self._row(input_ids))
         self.draft_seconds += time.perf_counter() - t0
 

@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ngramcache._validate import as_tokens, check_int
+from ngramcache.decoding.gate import VerifyTimes
 from ngramcache.decoding.loop import PromptCache, is_backend
 from ngramcache.decoding.text_sink import TextSink
 from ngramcache.serving.chat_template import ChatTemplate, tokenize_rendered
@@ -99,6 +100,8 @@ class Engine:
         self.prompt_cache = PromptCache()
         self.conversations = ConversationGates()  # the drafting gate's state per conversation
         self.costs = None
+        # every conversation's gate checks the curve against the same machine's verifications
+        self.verify_times = VerifyTimes()
         self.temperature = 0.0  # for requests that give none
         if adaptive and self.n_draft:
             from ngramcache.integrations.llama import verify_costs
@@ -263,8 +266,8 @@ class Engine:
         shared = self.memory.shared_state() if self.memory is not None else {}
         if self.static is not None:
             shared[registry.STATIC] = self.static
-        return gated_drafter(self.costs, name, n_draft, gate=gate, **opts,
-                             **registry.spec(name).shared_kwargs(shared))
+        return gated_drafter(self.costs, name, n_draft, gate=gate, gate_options={"verify_times": self.verify_times},
+                             **opts, **registry.spec(name).shared_kwargs(shared))
 
     _make_drafter = make_drafter  # the name the command line's engine builder calls
 
