@@ -36,6 +36,24 @@ def test_every_help(capsys, argv):
         assert "--json" in out and "-q, --quiet" in out
 
 
+def test_every_json_flag_is_an_output_flag_said_once():
+    """--json sits in each command's "output" group, and its help is one sentence: what it
+    prints instead (not "instead" twice, as a summary glued to the shared wording would be)."""
+    from ngramcache.cli.main import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    with_json = []
+    for name, sub in commands.items():
+        for group in sub._action_groups:
+            for action in group._group_actions:
+                if "--json" in action.option_strings:
+                    with_json.append(name)
+                    assert group.title == "output", (name, group.title)
+                    assert action.help.count("instead") <= 1 and action.help.count("JSON") == 1, (name, action.help)
+    assert sorted(with_json) == sorted(set(commands) - {"serve"})
+
+
 def test_version_is_the_installed_packages(capsys):
     import importlib.metadata
     import tomllib

@@ -214,6 +214,26 @@ def test_json_turns(fake_chat):
     assert err == ""
 
 
+def test_chat_help_speaks_of_turns_not_requests(capsys):
+    """chat shares serve's engine flags, worded for a chat: its turns cannot choose their own
+    temperature or drafter, as a server's requests can."""
+    from ngramcache.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["chat", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "request" not in text
+    for said in ("--temp T temperature; 0 = greedy", "--drafter NAME what drafts: copy,",
+                 "--no-draft plain decoding, one token per step", "memory across turns:",
+                 "--json print each turn (its text and figures) as one JSON object a line on stdout, instead of "
+                 "the streamed text"):
+        assert said in text, said
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--temp T temperature when a request gives none" in text and "memory across requests:" in text
+
+
 def test_a_model_without_a_chat_template_is_one_line_and_a_hint(fake_chat):
     rc, out, err, engine = fake_chat(b"hello\n", engine=FakeEngine(template=False))
     assert rc == 2 and engine.closed and out == ""
@@ -300,10 +320,11 @@ def _pty_chat(lines: list[str], env_extra: dict, timeout: float = 300) -> str:
 @pytest.mark.model
 def test_chat_in_a_terminal_banner_colour_commands_and_figures():
     pytest.importorskip("llama_cpp")
-    shown = _pty_chat([("/frobnicate", "unknown command /frobnicate"), (COPY_PROMPT, "[turn 1: "),
-                       ("/reset", "forgotten"), ("/quit", "")], {})
+    shown = _pty_chat([("/help", "start a new one"), ("/frobnicate", "unknown command /frobnicate"),
+                       (COPY_PROMPT, "[turn 1: "), ("/reset", "forgotten"), ("/quit", "")], {})
     assert "ngramcache chat: model smollm2, drafter copy" in shown and "drafted text in blue" in shown
     assert "commands: /help, /reset, /quit" in shown
+    assert shown.count("[turn ") == 1  # the commands were answered here: one turn reached the model
     assert "\x1b[34m" in shown  # the accepted drafts of the copied line
     figures = shown.split("[turn 1: ")[1].split("]")[0]
     assert " tokens, " in figures and " tok/s, " in figures and "drafted " in figures and "accepted " in figures

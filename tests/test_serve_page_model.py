@@ -6,11 +6,13 @@ on the server. The page against known events: tests/test_serve_page.py."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -137,6 +139,23 @@ def test_errors_from_the_model_server(browser, server):
     assert pd.text_of(pd.find(browser, "#error")) == "error: " + message
     assert pd.find(browser, "#input").get_attribute("value") == "Hello!"
     assert pd.turns(browser) == [] and pd.history(browser) == []
+
+
+@pytest.mark.model
+def test_the_icon_is_also_at_favicon_ico(browser, server):
+    # the page carries its icon inline; a browser showing /health or /metrics asks for
+    # /favicon.ico instead, and gets the same icon, not a 404
+    pd.open_page(browser, server, "smollm2")
+    inline = pd.js(browser, "document.querySelector('link[rel=icon]').href")
+    with urllib.request.urlopen(server + "/favicon.ico", timeout=30) as r:
+        assert r.status == 200 and r.headers["Content-Type"] == "image/svg+xml"
+        icon = r.read()
+    assert inline == "data:image/svg+xml;base64," + base64.b64encode(icon).decode()
+    assert icon.startswith(b"<svg ")
+    browser.get_log("browser")  # forget what earlier tests left
+    browser.get(server + "/health")
+    time.sleep(1)  # the icon is asked for after the page has loaded
+    assert pd.console_errors(browser) == []
 
 
 def _counter(base: str, name: str) -> float:

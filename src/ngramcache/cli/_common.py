@@ -35,10 +35,12 @@ def command_parser(sub, name: str, run: Callable, *, help: str, description: str
     return p
 
 
-def add_output_flags(p, what: str = "the summary", group=None) -> None:
-    """``--json`` and ``-q/--quiet``, in ``group`` (a command's own output group) or a new one."""
+def add_output_flags(p, what: str = "the summary", group=None, json_help: str | None = None) -> None:
+    """``--json`` and ``-q/--quiet``, in ``group`` (a command's own output group) or a new one.
+    ``--json`` says it prints ``what`` as one JSON object on stdout, or ``json_help`` whole."""
     out = p.add_argument_group("output") if group is None else group
-    out.add_argument("--json", action="store_true", help=f"print {what} as one JSON object on stdout instead")
+    out.add_argument("--json", action="store_true",
+                     help=json_help or f"print {what} as one JSON object on stdout instead")
     out.add_argument("-q", "--quiet", action="store_true", help="no progress bars or notes on stderr")
 
 

@@ -1,5 +1,5 @@
 """The flags ``serve`` and ``chat`` share: the model, its context and threads, what drafts,
-and the memory the drafters keep across requests; and the engine they build."""
+and the memory the drafters keep across requests (a chat's turns); and the engine they build."""
 
 from __future__ import annotations
 
@@ -11,36 +11,51 @@ from ngramcache.cli._inputs import add_model_flag
 from ngramcache.models import DEFAULT_MODEL
 
 
-def add_engine_flags(p) -> None:
+# Where serve and chat say it differently: a server's requests may choose their own
+# temperature and drafting, a chat's turns cannot.
+_WORDING = {
+    "serve": {"temp": "temperature when a request gives none", "drafter": "what drafts when a request does not say",
+              "no-draft": "plain decoding unless a request asks for a drafter", "memory": "memory across requests",
+              "saved": "at shutdown", "earlier": "earlier requests",
+              "no-memory": "each request drafts from itself alone (nothing learned across requests)"},
+    "chat": {"temp": "temperature", "drafter": "what drafts", "no-draft": "plain decoding, one token per step",
+             "memory": "memory across turns", "saved": "at the end of the chat", "earlier": "earlier turns",
+             "no-memory": "each turn drafts from the conversation so far alone (nothing learned across /reset)"},
+}
+
+
+def add_engine_flags(p, chat: bool = False) -> None:
+    """The engine's flags, worded for ``chat`` (turns) or ``serve`` (requests)."""
+    say = _WORDING["chat" if chat else "serve"]
     add_model_flag(p)
     p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default: 4096)")
     p.add_argument("-b", "--batch-size", type=int, default=512, metavar="N", help="prompt batch size (default: 512)")
     p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="threads for single tokens and batches alike (default: usable cores, at most 8)")
     p.add_argument("--temp", type=float, default=0.0, metavar="T",
-                   help="temperature when a request gives none; 0 = greedy (default: 0)")
+                   help=f"{say['temp']}; 0 = greedy (default: 0)")
     p.add_argument("--chat-template-file", metavar="FNAME",
                    help="a Jinja2 chat template to use instead of the one in the model's GGUF")
     from ngramcache.drafters.catalog import DEFAULT_DRAFTER
 
-    add_drafter_flags(p, DEFAULT_DRAFTER, "what drafts when a request does not say")
+    add_drafter_flags(p, DEFAULT_DRAFTER, say["drafter"])
     g = p.add_argument_group("drafting")
     g.add_argument("--spec-draft-n-max", "--draft-max", type=int, default=16, metavar="N", dest="n_draft",
                    help="most tokens drafted per step (default: 16; with adaptive drafting only what pays is "
                         "verified)")
-    g.add_argument("--no-draft", action="store_true", help="plain decoding unless a request asks for a drafter")
+    g.add_argument("--no-draft", action="store_true", help=say["no-draft"])
     g.add_argument("--fixed-draft", action="store_true",
                    help="always draft up to --spec-draft-n-max tokens (no adaptive draft lengths)")
-    m = p.add_argument_group("memory across requests")
+    m = p.add_argument_group(say["memory"])
     m.add_argument("--memory", metavar="FNAME",
                    help="keep what the drafters learn in this file: loaded at start if it exists, saved "
-                        "atomically every --memory-save-interval minutes and at shutdown")
+                        f"atomically every --memory-save-interval minutes and {say['saved']}")
     m.add_argument("--memory-save-interval", type=float, default=5.0, metavar="MIN",
                    help="minutes between saves of --memory (default: 5)")
     m.add_argument("--memory-tokens", type=int, default=1_000_000, metavar="N",
-                   help="tokens of earlier requests remembered, oldest forgotten first (default: 1000000)")
+                   help=f"tokens of {say['earlier']} remembered, oldest forgotten first (default: 1000000)")
     m.add_argument("--no-memory", action="store_true",
-                   help="each request drafts from itself alone (nothing learned across requests)")
+                   help=say["no-memory"])
 
 
 def build_engine(args, model_default: str = DEFAULT_MODEL):

@@ -40,7 +40,7 @@ _DRAFTED, _PLAIN = "\x1b[34m", "\x1b[0m"  # blue, as generate --color
 
 def add_parser(sub) -> None:
     p = command_parser(sub, "chat", run, help=HELP, description=DESCRIPTION, epilog=EPILOG)
-    add_engine_flags(p)
+    add_engine_flags(p, chat=True)
     g = p.add_argument_group("chat")
     g.add_argument("--system", metavar="TEXT", help="a system message at the start of the conversation")
     g.add_argument("-n", "--max-tokens", type=int, default=1024, metavar="N",
@@ -48,8 +48,8 @@ def add_parser(sub) -> None:
     g.add_argument("--seed", type=int, metavar="S",
                    help="with --temp > 0: each position's draw depends only on (S, position), so the answers "
                         "are the same with or without drafting, and on every run")
-    add_output_flags(p, "each turn (its text and figures), one object a line, instead of the streamed text",
-                     group=g)
+    add_output_flags(p, json_help="print each turn (its text and figures) as one JSON object a line on stdout, "
+                                  "instead of the streamed text")
 
 
 def use_colour(stream) -> bool:

@@ -5,15 +5,17 @@
 with uvicorn. Endpoints (docs/serve.md): ``/v1/completions``, ``/v1/chat/completions``
 (``stream: true`` sends server-sent events), ``/v1/models``, ``/health``, ``/metrics``
 (Prometheus text) and ``/`` (a chat page that marks the text that came from accepted
-drafts). Errors are OpenAI's body, with the status and parameter that the engine's typed
-errors (``ngramcache.serving.errors``) carry.
+drafts; its icon is also at ``/favicon.ico``). Errors are OpenAI's body, with the status
+and parameter that the engine's typed errors (``ngramcache.serving.errors``) carry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
+import re
 import time
 import uuid
 from importlib import resources
@@ -89,6 +91,16 @@ class ChatRequest(_Common):
 
 # ---------------------------------------------------------------------------------
 # the application
+
+
+def _page_icon() -> bytes:
+    """The chat page's icon, an SVG the page carries inline (a data: URL), so that a client
+    that asks for /favicon.ico anyway (a browser showing /health or /metrics) gets it, not a 404."""
+    page = resources.files("ngramcache").joinpath("data/chat.html").read_text(encoding="utf-8")
+    m = re.search(r'<link rel="icon" type="image/svg\+xml" href="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', page)
+    if m is None:
+        raise RuntimeError("data/chat.html has no inline SVG icon")
+    return base64.b64decode(m.group(1))
 
 
 def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool = False,
@@ -171,6 +183,12 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
     @app.get("/", response_class=HTMLResponse)
     async def page():
         return resources.files("ngramcache").joinpath("data/chat.html").read_text(encoding="utf-8")
+
+    icon = _page_icon()
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon():
+        return Response(icon, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
     def _job(body: _Common, prompt, max_tokens: int | None, default_max: int) -> Job:
         if body.model and body.model not in names:
