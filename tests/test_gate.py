@@ -26,7 +26,7 @@ def test_gate_skips_when_verification_is_dear_and_drafts_are_poor():
 
 def test_gate_learns_and_draft_length_follows_acceptance():
     costs = [1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8, 3.1, 3.4]
-    g = AdaptiveGate(costs, prior=(1, 4), priors=None)
+    g = AdaptiveGate(costs, prior=(1, 4), priors=None, risk=None)  # what is learnt alone
     s = g.state(8, 1)
     assert g.choose(s, 8) == 0
     for _ in range(50):
@@ -273,7 +273,7 @@ def test_drafts_that_lost_time_raise_the_margin_until_won_back_or_forgotten():
     g2.settled(2, 2)
     g2.settled(2, 2)  # won back: 1 + 2 - 2.0 each
     assert g2.profit > 0 and g2.choose(s, 2) == 1
-    for bad in (dict(loss_scale=0), dict(loss_decay=0), dict(loss_decay=1.5), dict(max_margin=0.01)):
+    for bad in (dict(loss_scale=0), dict(loss_decay=0), dict(loss_decay=1.5), dict(max_margin=-0.1)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             AdaptiveGate(costs, **bad)
 
@@ -292,3 +292,30 @@ def test_a_drafter_reports_each_settled_draft_to_its_gate():
     d.propose(0)
     d.accept(np.array([1], dtype=np.int32))
     assert seen[-1] == (0, 0)  # a plain step is reported too: the deficit decays with steps
+
+
+def test_a_draft_risks_little_at_first_and_more_as_drafts_are_kept_whole():
+    costs = [1.0, 1.68, 2.02, 2.6, 3.05, 3.39, 3.92, 4.4, 5.05, 5.69, 5.97, 6.24, 6.57, 6.9, 7.23, 7.7, 8.16]
+    g = AdaptiveGate(costs, prior=(99, 1), priors=None, verify_times=False)  # p = 0.99
+    s = g.state(8, 1)
+    # a first draft may lose at most 2 one-token steps: cost(k + 1) - 1 <= 2, so k <= 3
+    assert g.choose(s, 16) == 3
+    g.settled(3, 3)  # kept whole: 4 steps may be risked
+    assert g.choose(s, 16) == 7  # cost(8) = 4.4
+    best = AdaptiveGate(costs, prior=(99, 1), priors=None, risk=None).choose(s, 16)
+    assert best == 14  # the best length on this curve, bound or not
+    g.settled(7, 7)
+    assert g.choose(s, 16) == best
+    g.settled(14, 0)  # its first token wrong: back to 4
+    assert g.choose(s, 16) == 7
+    g.settled(7, 3)  # partly kept: unchanged
+    assert g.choose(s, 16) == 7
+    g.settled(7, 0)
+    g.settled(3, 0)
+    assert g.choose(s, 16) == 3  # never below the first bound
+    # where a batch costs little more than one token (transformers on a CPU, a GPU) the bound
+    # does not bind
+    flat = [1.0] + [1.6 + 0.03 * k for k in range(32)]
+    assert AdaptiveGate(flat, prior=(99, 1), priors=None).choose(s, 32) == 32
+    with pytest.raises(ValueError, match="risk"):
+        AdaptiveGate(costs, risk=0)

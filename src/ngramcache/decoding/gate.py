@@ -133,7 +133,10 @@ class AdaptiveGate:
     than the machine now does not go on drafting at a loss. And what the drafts have gained
     or lost against plain decoding so far (``profit``, in one-token steps, reported through
     ``settled``) raises the margin a draft must beat plain by while it is negative
-    (``loss_scale``, ``loss_decay``, ``max_margin``).
+    (``loss_scale``, ``loss_decay``, ``max_margin``). A third bounds the loss of a single
+    draft: what a draft may cost beyond a plain step starts at ``risk`` one-token steps and
+    doubles with each draft kept whole (where batches are cheap, as with transformers on a
+    CPU or any GPU, the bound does not bind).
     """
 
     #: proposal lengths (or match lengths) are bucketed: 1, 2-3, 4-7, 8+
@@ -145,7 +148,8 @@ class AdaptiveGate:
     def __init__(self, costs: Sequence[float], decay: float = 0.97, prior: tuple[float, float] = (1.0, 2.0),
                  shrink: float = 4.0, overhead: float = 0.0, min_gain: float = 0.05, carry_forward: bool = False,
                  priors: str | None = "default", verify_times: VerifyTimes | bool = True,
-                 loss_scale: float = 2.5, loss_decay: float = 0.99, max_margin: float = 0.2):
+                 loss_scale: float = 2.5, loss_decay: float = 0.99, max_margin: float = 0.2,
+                 risk: float | None = 2.0):
         self.costs = check_costs(costs)
         if verify_times is True:
             verify_times = VerifyTimes()
@@ -171,17 +175,25 @@ class AdaptiveGate:
             raise ValueError(f"loss_scale must be > 0, got {loss_scale}")
         if not 0.0 < loss_decay <= 1.0:
             raise ValueError(f"loss_decay must be in (0, 1], got {loss_decay}")
-        if max_margin < min_gain:
-            raise ValueError(f"max_margin must be >= min_gain, got {max_margin} < {min_gain}")
+        if max_margin < 0:
+            raise ValueError(f"max_margin must be >= 0, got {max_margin}")
         # drafts that have lost time in this text (one-token steps against plain decoding,
-        # ``profit`` below zero) raise the margin a draft must beat plain by, up to
-        # ``max_margin``: min_gain + deficit / loss_scale. A gate whose estimates have been
-        # too hopeful here sends only its surest drafts until the deficit has decayed
-        # (``loss_decay`` a step) or been won back.
+        # ``profit`` below zero) raise the margin a draft must beat plain by to
+        # min_gain + deficit / loss_scale, at most ``max_margin`` (never below min_gain): a
+        # gate whose estimates have been too hopeful here sends only its surest drafts until
+        # the deficit has decayed (``loss_decay`` a step) or been won back.
         self.loss_scale = float(loss_scale)
         self.loss_decay = float(loss_decay)
         self.max_margin = float(max_margin)
         self.profit = 0.0
+        if risk is not None and not risk > 0:
+            raise ValueError(f"risk must be > 0 or None, got {risk}")
+        # what a draft may cost beyond a plain step (one-token steps lost if its first token is
+        # wrong): ``risk`` at first, doubled by each draft kept whole, halved (not below
+        # ``risk``) by each draft whose first token was wrong. One long draft that fails can
+        # cost a short answer a quarter of its time; None: no bound
+        self.risk = None if risk is None else float(risk)
+        self._risk = self.risk
         self.decay = float(decay)
         self.prior = (float(prior[0]), float(prior[1]))
         self.shrink = float(shrink)
@@ -266,6 +278,9 @@ class AdaptiveGate:
         best_k, best_rate = 0, 1.0 + margin  # plain decoding: 1 token per unit of cost
         expected, run = 1.0, 1.0
         cost = self._cost
+        if self._risk is not None:
+            while k_max > 0 and cost[k_max] - 1.0 > self._risk:
+                k_max -= 1
         for j, p in enumerate(self._probs(state, k_max)):
             run *= p
             expected += run
@@ -289,12 +304,18 @@ class AdaptiveGate:
             self.verify_times.observe(n_tokens, seconds, float(self.costs[n_tokens - 1]))
 
     def settled(self, k: int, n_accepted: int) -> None:
-        """A draft of ``k`` tokens was verified and ``n_accepted`` of them kept: what it
-        gained over plain decoding (``1 + n_accepted`` tokens for ``cost(k + 1)``) is added
-        to ``profit``."""
+        """A draft of ``k`` tokens was verified and ``n_accepted`` of them kept (``k`` 0: a
+        plain step): what it gained over plain decoding (``1 + n_accepted`` tokens for
+        ``cost(k + 1)``) is added to ``profit``, which decays by ``loss_decay`` a step, and
+        the bound on the next draft's loss (``risk``) grows or shrinks with it."""
         self.profit *= self.loss_decay
         if 0 < k <= self.max_len:
             self.profit += 1.0 + n_accepted - self._cost[k]
+            if self.risk is not None:
+                if n_accepted >= k:
+                    self._risk = min(2.0 * self._risk, 1e9)
+                elif n_accepted == 0:
+                    self._risk = max(self.risk, self._risk / 2.0)
 
     def observe(self, state: int, n_right: int, n_scored: int, start: int = 0) -> None:
         """Drafted tokens ``start+1 .. start+n_scored`` of a proposal made in ``state``
