@@ -21,6 +21,7 @@ Variants, all greedy, in one process, order alternating between rounds, median o
   lookup        llama.cpp's lookup drafts (context cache only), adaptive draft length (up to --n-draft)
   ngc           ngramcache's default drafter: copies of earlier spans, else llama.cpp's lookup
                 (CopyDrafter), adaptive draft length
+  ngc-unbounded the same without the gate's bound on what one draft may lose (risk=None)
   ngc+static    ngramcache with a static table built from ~2 MB of other stdlib code
   suffix        SuffixDrafter (docs/drafters.md), adaptive draft length
   simple, map-k, mod
@@ -56,7 +57,7 @@ from ngramcache import llama as nl  # noqa: E402
 from ngramcache.drafters.catalog import make_drafter  # noqa: E402
 from ngramcache.models import model_path  # noqa: E402
 
-VARIANTS = ("plain", "lcpp-plain", "pld-10", "pld-2", "fixed8-lcpp", "fixed8", "lookup", "ngc", "ngc+static",
+VARIANTS = ("plain", "lcpp-plain", "pld-10", "pld-2", "fixed8-lcpp", "fixed8", "lookup", "ngc", "ngc-unbounded", "ngc+static",
             "suffix", "simple", "map-k", "mod", "pld", "oracle")
 # every drafter of ngramcache.drafters.catalog, with the adaptive gate, in ngramcache's loop; the
 # llama.cpp drafters with their own parameters sized for short generations (their
@@ -166,6 +167,9 @@ def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_
                 elif v == "ngc":
                     res = nl.generate(llm, task.prompt, nc.CopyDrafter(n_draft=n_draft, gate=nc.AdaptiveGate(costs)),
                                       n_tokens)
+                elif v == "ngc-unbounded":
+                    res = nl.generate(llm, task.prompt,
+                                      nc.CopyDrafter(n_draft=n_draft, gate=nc.AdaptiveGate(costs, risk=None)), n_tokens)
                 elif v == "ngc+static":
                     res = nl.generate(llm, task.prompt, nc.CopyDrafter(static=static, n_draft=n_draft,
                                                                        gate=nc.AdaptiveGate(costs)), n_tokens)

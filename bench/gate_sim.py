@@ -379,13 +379,21 @@ def _gated(n_draft: int, drafter: str, **gate):
     return lambda costs: _costs.gated_drafter(costs, drafter, n_draft, gate_options=gate or None)
 
 
-def _default_variants(n_draft: int) -> dict:
+def _default_variants(n_draft: int, gate: dict | None = None) -> dict:
     from ngramcache.drafters.catalog import make_drafter
 
-    gated = lambda drafter: _gated(n_draft, drafter)  # noqa: E731
+    gated = lambda drafter: _gated(n_draft, drafter, **(gate or {}))  # noqa: E731
     return {"copy": gated("copy"), "suffix": gated("suffix"),
             "copy ceiling": lambda costs: make_drafter("copy", n_draft=n_draft),
             "any-copy ceiling": None}
+
+
+def print_summary(table: dict, variant: str = "copy") -> None:
+    """One line per model: the worst cell, the mean and the cells under 0.97x plain."""
+    for name, rows in table.items():
+        xs = [c[variant] for c in rows.values() if c[variant] > 0]  # a record of one token has no steps
+        print(f"{name}: {variant} worst {min(xs):.3f}x, mean {statistics.mean(xs):.3f}x, "
+              f"{sum(x < 0.97 for x in xs)} of {len(xs)} under 0.97x")
 
 
 def print_table(table: dict, variants) -> None:
@@ -428,6 +436,10 @@ def main(argv=None) -> int:
                    help="one plain step's time per model, to charge the drafter's own time")
     s.add_argument("--clock-noise", type=float, default=0.2,
                    help="log-normal spread of the verification times the gates are told")
+    s.add_argument("--gate", default=None,
+                   help='JSON keywords for the gates of the gated variants, e.g. \'{"risk": null}\'')
+    s.add_argument("--summary", action="store_true",
+                   help="only the worst cell, the mean and the cells under 0.97x of the default drafter")
     s.add_argument("--stale", type=float, default=None,
                    help="give the gates a curve whose extra cost is this times the true one, and compare "
                         "the gate that checks its curve with one that does not")
@@ -457,12 +469,19 @@ def main(argv=None) -> int:
         return 0
     curves = json.loads(args.costs) if args.costs else {m: stored_curve(m) for m in models}
     step_ms = {k: float(v) for k, v in (kv.split("=") for kv in args.step_ms.split(","))}
-    variants = _default_variants(args.n_draft)
+    gate = json.loads(args.gate) if args.gate else {}
+    variants = _default_variants(args.n_draft, gate)
+    if args.summary:
+        variants = {"copy": variants["copy"]}
     if args.stale is not None:
         variants = {k: variants[k] for k in ("copy", "copy ceiling")}
-        variants["copy, curve unchecked"] = _gated(args.n_draft, "copy", verify_times=False)
-    print_table(simulate(models, Path(args.dir), curves, variants, args.n_draft, step_ms,
-                         1.0 if args.stale is None else args.stale, args.clock_noise), list(variants))
+        variants["copy, curve unchecked"] = _gated(args.n_draft, "copy", **{**gate, "verify_times": False})
+    table = simulate(models, Path(args.dir), curves, variants, args.n_draft, step_ms,
+                     1.0 if args.stale is None else args.stale, args.clock_noise)
+    if args.summary:
+        print_summary(table)
+    else:
+        print_table(table, list(variants))
     return 0
 
 
