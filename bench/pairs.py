@@ -71,7 +71,37 @@ def ratio_lines() -> list[str]:
         for fast in (r for r in rows if r.side == NGRAMCACHE):
             for base in (r for r in rows if r.side == BASELINE):
                 lines.append(f"{group}: {base.label} / {fast.label} = {format_ratio(base.median / fast.median)}")
+            inter = fast.extra_info.get("interleaved")
+            if inter:
+                lines.append(f"{group}: {inter['label']}, interleaved round by round / {fast.label} = "
+                             f"{inter['ratio']:.2f}x (rounds {', '.join(f'{r:.2f}' for r in inter['rounds'])})")
     return lines
+
+
+def interleave(benchmark, label: str, baseline):
+    """A ``setup`` for ``benchmark.pedantic`` that runs ``baseline()`` (untimed by the
+    benchmark, timed here) before every round, so that each round of this side has its
+    baseline next to it: on a machine whose speed drifts, two benchmarks run one after the
+    other can differ by a fifth for no reason of their own. After the run, ``finish()``
+    writes the per-round ratios baseline / this into ``extra_info['interleaved']``."""
+    import time
+
+    times: list[float] = []
+
+    def setup():
+        t0 = time.perf_counter()
+        baseline()
+        times.append(time.perf_counter() - t0)
+
+    def finish():
+        data = list(benchmark.stats.stats.data) if benchmark.stats is not None else []
+        base = times[len(times) - len(data):]  # the warm-up rounds' baselines left out
+        if data and len(base) == len(data):
+            ratios = [b / d for b, d in zip(base, data)]
+            benchmark.extra_info["interleaved"] = {"label": label, "rounds": ratios,
+                                                   "ratio": sorted(ratios)[len(ratios) // 2]}
+
+    return setup, finish
 
 
 def format_ratio(ratio: float) -> str:

@@ -6,16 +6,20 @@ must win). The drafted output must equal plain's token for token (an exact build
 
     .venv/bin/python -m pytest bench/test_bench_decoding.py --benchmark-only
     .venv/bin/python -m pytest bench/test_bench_decoding.py --benchmark-compare   # a regression shows
+
+The plain and drafter benchmarks run one after the other, and a machine's speed drifts between
+them; the drafter's benchmark also runs a plain generation before each of its rounds and
+reports plain / drafter round by round (``extra_info['interleaved']``, and a line at the end).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from pairs import baseline_side, ngramcache_side
+from pairs import baseline_side, interleave, ngramcache_side
 
 N_TOKENS = 96
-ROUNDS = 3
+ROUNDS = 5
 
 FRESH = ("<|im_start|>user\nWrite a Python function that parses a date in the form YYYY-MM-DD and "
          "returns the day of the week as a word. Give only the code.<|im_end|>\n<|im_start|>assistant\n")
@@ -76,7 +80,10 @@ def test_default_drafter(benchmark, llm, plain_outputs, workload):
         # a new drafter per generation, as a first request meets it (its gate starts from its priors)
         return nl.generate(llm, prompt, nl.adaptive_drafter(llm), N_TOKENS)
 
-    r = benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1)
+    # plain decoding before every round as well: the ratio of neighbours, not of two runs apart
+    setup, finish = interleave(benchmark, "plain decoding", lambda: nl.generate(llm, prompt, None, N_TOKENS))
+    r = benchmark.pedantic(run, setup=setup, rounds=ROUNDS, warmup_rounds=1)
+    finish()
     assert r.tokens.tolist() == plain_outputs[workload]
     if workload == "edit code":
         assert r.accepted > N_TOKENS // 4
