@@ -55,6 +55,10 @@ class Drafter(Protocol):
     int32 tokens expected to follow the sequence (possibly none). ``accept(tokens)``:
     the tokens the verifier settled on since the last call, including its own next
     token (the correction or the bonus token). ``stats``: a ``DraftStats``.
+
+    Optional: ``verified(n_tokens, seconds)``, the wall time of each verification batch
+    (the last settled token and the draft), which ``ngramcache``'s loop and ``hf.generate``
+    report when the drafter has it (a gated drafter checks its cost curve against it).
     """
 
     def reset(self, prompt_tokens) -> None: ...
