@@ -33,15 +33,20 @@ class VerifyTimes:
     cost for its size; from them comes ``scale``, the factor by which the curve's extra cost
     of a batch over one token is multiplied: ``cost'(k) = 1 + scale * (cost(k) - 1)``.
 
-    ``scale`` is 1 until ``min_plain`` one-token steps have been timed (the unit the batches
-    are measured in) and is shrunk towards 1 while little has been seen: the batches'
+    ``scale`` is 1 until ``min_plain`` one-token steps have been timed (their median is the
+    unit the batches are measured in; batches before it are not used) and is shrunk towards 1 while little has been seen: the batches'
     observed extra cost counts against ``weight`` one-token steps of extra cost at the
-    curve's value. Times decay (``decay`` per observation) so that it follows a machine that
-    changes; a time over four times the expected one (a hiccup) counts as four times.
+    curve's value. Every observation, plain steps included, ages what was seen before
+    (``decay``), so the scale follows a machine that changes, and returns towards the curve
+    when a gate, put off by a bad stretch, stops drafting. A time over twice the expected one
+    (the process descheduled, a collection) counts as twice.
     Several gates on one model (a server's conversations) may share one ``VerifyTimes``.
     """
 
-    def __init__(self, decay: float = 0.98, weight: float = 8.0, min_plain: int = 3):
+    #: a time beyond this many times the expected one counts as this many
+    SPIKE = 2.0
+
+    def __init__(self, decay: float = 0.98, weight: float = 16.0, min_plain: int = 5):
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         if weight <= 0:
@@ -52,35 +57,43 @@ class VerifyTimes:
         #: grows whenever ``scale`` changes, so that a gate knows to rescale its curve
         self.version = 0
         self._plain_s = self._plain_n = 0.0  # one-token steps: decayed seconds, count
-        self._plain_seen = 0
+        self._first: list[float] = []  # the first min_plain one-token steps: their median is the first unit
         self._batch_s = self._batch_n = self._batch_extra = 0.0  # batches: seconds, count, curve's extra cost
 
     @property
     def plain_seconds(self) -> float | None:
         """The mean time of a one-token step so far (None before ``min_plain`` of them)."""
-        return self._plain_s / self._plain_n if self._plain_seen >= self.min_plain else None
+        return self._plain_s / self._plain_n if self._plain_n > 0 else None
 
     def observe(self, n_tokens: int, seconds: float, curve_cost: float) -> None:
         """A verification batch of ``n_tokens`` took ``seconds``; the curve says it costs
         ``curve_cost`` one-token steps."""
         if not (seconds > 0 and math.isfinite(seconds)) or n_tokens < 1:
             return
-        d, unit = self.decay, self.plain_seconds
-        if n_tokens == 1:
-            if unit is not None:
-                seconds = min(seconds, 4.0 * unit)
-            self._plain_s = self._plain_s * d + seconds
-            self._plain_n = self._plain_n * d + 1.0
-            self._plain_seen += 1
-        else:
-            if unit is not None:
-                seconds = min(seconds, 4.0 * unit * (1.0 + self.scale * (curve_cost - 1.0)))
-            self._batch_s = self._batch_s * d + seconds
-            self._batch_n = self._batch_n * d + 1.0
-            self._batch_extra = self._batch_extra * d + (curve_cost - 1.0)
         unit = self.plain_seconds
-        if unit is None or self._batch_n <= 0:
+        if unit is None:
+            # no unit to measure batches in yet; the first steps' median, so that one slow
+            # step among them does not set it
+            if n_tokens == 1:
+                self._first.append(seconds)
+                if len(self._first) >= self.min_plain:
+                    self._plain_s = float(np.median(self._first)) * len(self._first)
+                    self._plain_n = float(len(self._first))
             return
+        d = self.decay
+        self._plain_s *= d
+        self._plain_n *= d
+        self._batch_s *= d
+        self._batch_n *= d
+        self._batch_extra *= d
+        if n_tokens == 1:
+            self._plain_s += min(seconds, self.SPIKE * unit)
+            self._plain_n += 1.0
+        else:
+            self._batch_s += min(seconds, self.SPIKE * unit * (1.0 + self.scale * (curve_cost - 1.0)))
+            self._batch_n += 1.0
+            self._batch_extra += curve_cost - 1.0
+        unit = self.plain_seconds
         seen_extra = self._batch_s / unit - self._batch_n
         scale = min(4.0, max(0.25, (seen_extra + self.weight) / (self._batch_extra + self.weight)))
         if abs(scale - self.scale) > 0.01 * self.scale:
