@@ -169,9 +169,7 @@ def _long_corpus(folder) -> "os.PathLike":
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
     path = folder / "long.txt"
     with open(path, "w") as f:
-        # long enough that the run is still well short of its end when its first shard's
-        # run is spooled, even when this test is slow to notice it on a busy machine
-        for _ in range(360_000):
+        for _ in range(120_000):
             f.write(" ".join(rng.choice(words) for _ in range(8)) + "\n")
     return path
 
@@ -180,9 +178,12 @@ def _start_create(tmp_path, corpus, out):
     """`create --workers 1` in its own process group, as a terminal runs it."""
     import subprocess
     argv = [sys.executable, "-m", "ngramcache", "create", "--workers", "1", "-m", smollm2_path(), "-f", corpus,
-            "--shard-size", "131072", "-lcs", out, "-q"]
+            "--shard-size", "262144", "-lcs", out, "-q"]
+    # Ctrl-C's default action, as in a terminal: a test suite started in the background by a
+    # shell inherits SIGINT ignored, and so would the command
     return subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, text=True)
+                            start_new_session=True, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for_a_spooled_run(proc, folder, timeout=120.0):
