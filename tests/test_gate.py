@@ -305,6 +305,7 @@ def test_a_drafter_reports_each_settled_draft_to_its_gate():
     d = CopyDrafter(n_draft=4, gate=gate)
     d.reset(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], dtype=np.int32))
     draft = d.propose(4)
+    assert draft.tolist() == [4, 5, 6, 7]  # a real draft, so the report below is of one
     d.accept(np.array([4, 5, 9], dtype=np.int32))  # two drafted tokens kept, then the model's own
     assert seen == [(draft.size, min(2, draft.size))]
     d.propose(0)
