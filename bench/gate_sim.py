@@ -144,8 +144,8 @@ class ModelledClock:
     ``cost(k)`` of the batch, in plain steps, times a log-normal factor of spread ``noise``),
     not the replay's own microseconds."""
 
-    def __init__(self, drafter, costs: list[float], noise: float, seed: int = 0):
-        self.inner, self.costs, self.noise = drafter, costs, noise
+    def __init__(self, drafter, costs: list[float], noise: float, seed: int = 0, spikes: float = 0.0):
+        self.inner, self.costs, self.noise, self.spikes = drafter, costs, noise, spikes
         self.rng = np.random.default_rng(seed)
         self.stats = drafter.stats
 
@@ -160,15 +160,19 @@ class ModelledClock:
 
     def verified(self, n_tokens, seconds):
         t = self.costs[min(n_tokens, len(self.costs)) - 1]
-        self.inner.verified(n_tokens, t * float(np.exp(self.rng.normal(0.0, self.noise))) if self.noise else t)
+        if self.noise:
+            t *= float(np.exp(self.rng.normal(0.0, self.noise)))
+        if self.spikes and self.rng.random() < self.spikes:  # the process descheduled: ten times as long
+            t *= 10.0
+        self.inner.verified(n_tokens, t)
 
 
-def _run(rec, n_vocab, costs, drafter, step_s, noise=0.0):
+def _run(rec, n_vocab, costs, drafter, step_s, noise=0.0, spikes=0.0):
     prompt = np.asarray(rec["prompt"], dtype=np.int32)
     output = np.asarray(rec["output"], dtype=np.int32)
     be = ReplayBackend(prompt, output, n_vocab, costs)
     if callable(getattr(drafter, "verified", None)):
-        drafter = ModelledClock(drafter, costs, noise)
+        drafter = ModelledClock(drafter, costs, noise, spikes=spikes)
     r = generate(be, prompt, drafter, int(output.size))
     assert r.tokens.tolist() == output.tolist()
     plain_units = output.size - 1
@@ -181,7 +185,7 @@ def oracle_k(costs: list[float], n_max: int) -> int:
 
 
 def simulate(models: list[str], in_dir: Path, costs_by_model: dict, variants: dict, n_draft: int,
-             step_ms: dict, stale: float = 1.0, noise: float = 0.0) -> dict:
+             step_ms: dict, stale: float = 1.0, noise: float = 0.0, spikes: float = 0.0) -> dict:
     from ngramcache.drafters.oracle import OracleDrafter
 
     table = {}
@@ -204,7 +208,7 @@ def simulate(models: list[str], in_dir: Path, costs_by_model: dict, variants: di
                 drafter = make([1.0 + stale * (c - 1.0) for c in costs])  # the curve the gate is given
                 if vname.endswith("ceiling"):  # cut by a gate that knows the answer
                     drafter = ClairvoyantGate(drafter, out, len(rec["prompt"]), costs)
-                s, r = _run(rec, data["n_vocab"], costs, drafter, step_s, noise)
+                s, r = _run(rec, data["n_vocab"], costs, drafter, step_s, noise, spikes)
                 cells[vname] = s
                 cells[vname + ":acc"] = (r.accepted, r.drafted)
             rows[rec["workload"]] = cells
@@ -436,6 +440,8 @@ def main(argv=None) -> int:
                    help="one plain step's time per model, to charge the drafter's own time")
     s.add_argument("--clock-noise", type=float, default=0.2,
                    help="log-normal spread of the verification times the gates are told")
+    s.add_argument("--clock-spikes", type=float, default=0.0,
+                   help="share of the verification times the gates are told ten times too long")
     s.add_argument("--gate", default=None,
                    help='JSON keywords for the gates of the gated variants, e.g. \'{"risk": null}\'')
     s.add_argument("--summary", action="store_true",
@@ -477,7 +483,7 @@ def main(argv=None) -> int:
         variants = {k: variants[k] for k in ("copy", "copy ceiling")}
         variants["copy, curve unchecked"] = _gated(args.n_draft, "copy", **{**gate, "verify_times": False})
     table = simulate(models, Path(args.dir), curves, variants, args.n_draft, step_ms,
-                     1.0 if args.stale is None else args.stale, args.clock_noise)
+                     1.0 if args.stale is None else args.stale, args.clock_noise, args.clock_spikes)
     if args.summary:
         print_summary(table)
     else:
