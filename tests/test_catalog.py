@@ -14,6 +14,7 @@ from ngramcache.cli.main import main as cli_main
 from ngramcache.drafters.base import CoreSequenceDrafter, Drafter
 from ngramcache.decoding.gate import AdaptiveGate
 from ngramcache.replays import replay_drafter
+from support import python_replay
 
 # stats replays these with replay_drafter; lookup it replays as llama-lookup-stats (replay)
 NOT_LOOKUP = [name for name in DRAFTERS if name != "lookup"]
@@ -121,30 +122,6 @@ def test_propose_respects_n_max_and_rejects_bad_input(name):
 
 
 # --- replay in C++ == the same loop in Python ---------------------------------------------
-
-def python_replay(d, toks: np.ndarray, n_ctx: int, n_draft: int) -> dict:
-    """replay_drafter's loop through the drafter's Python API."""
-    n_chunks = (toks.size - 1) // n_ctx if toks.size > n_ctx else 0
-    out = {"n_drafted": 0, "n_accept": 0, "n_steps": 0, "accept_length_hist": [0] * (n_draft + 1)}
-    for c in range(n_chunks):
-        chunk = toks[c * n_ctx : (c + 1) * n_ctx]
-        d.reset(chunk[:1])
-        have = 1
-        while have < n_ctx:
-            p = d.propose(n_draft)
-            acc = 0
-            while acc < p.size and have + acc < n_ctx and p[acc] == chunk[have + acc]:
-                acc += 1
-            out["n_steps"] += 1
-            out["n_drafted"] += p.size
-            out["n_accept"] += acc
-            if p.size:
-                out["accept_length_hist"][acc] += 1
-            n_new = min(acc + 1, n_ctx - have)
-            d.accept(chunk[have : have + n_new])
-            have += n_new
-    return out
-
 
 @pytest.mark.parametrize("name", list(DRAFTERS))
 def test_replay_equals_the_python_loop(name):

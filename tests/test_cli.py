@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli, run_json
+from support import tiny_hf_json  # noqa: F401 (a fixture)
 
 
 # --- help ------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ def test_usage_errors_exit_2(tmp_path, capsys, vectors_dir):
 
 @pytest.mark.parametrize("argv, msg", [
     (["stats", "--tokens", "t.i32", "-c", "1"], "-c/--ctx-size must be >= 2"),
-    (["generate", "-p", "x", "--spec-draft-n-max", "-1"], "--spec-draft-n-max must be >= 0, got -1"),
+    (["generate", "-p", "x", "--spec-draft-n-max", "-1"], "--spec-draft-n-max must be 0 to 256, got -1"),
     (["generate", "-p", "x", "-c", "4"], "-c must be >= 8, got 4"),
     (["demo", "-n", "0"], "-n must be >= 1, got 0"),
     (["stats", "--tokens", "t.i32", "-m", "smollm2"], "--tokens replaces"),
@@ -260,22 +261,6 @@ def test_quiet_and_progress_to_stderr(vectors_dir, tmp_path, capsys, monkeypatch
     rc, out, err = run_cli(capsys, "create", "--tokens", vectors_dir / "small-static.tokens.i32",
                            "-lcs", tmp_path / "o.bin", "-q")
     assert rc == 0 and err == "" and "create: done" in out
-
-
-@pytest.fixture(scope="module")
-def tiny_hf_json(tmp_path_factory, vectors_dir):
-    """A small byte-level BPE tokenizer.json, trained on the reference prose."""
-    pytest.importorskip("tokenizers")
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    text = (vectors_dir / "prose.txt").read_text()
-    tok.train_from_iterator([text[:50_000]], trainer=trainer)
-    path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
-    tok.save(str(path))
-    return path
 
 
 def test_text_input_same_in_create_and_stats(vectors_dir, tmp_path, capsys, tiny_hf_json):

@@ -39,8 +39,8 @@ def test_chat_reads_turns_from_a_pipe_and_keeps_the_kv_cache():
 
 @pytest.mark.parametrize("cmd", ["chat", "serve"])
 @pytest.mark.parametrize("flags,message", [
-    (["--spec-draft-n-max", "-1"], "--spec-draft-n-max must be >= 0"),
-    (["--spec-draft-n-max", "1000"], "must be <= 256"),
+    (["--spec-draft-n-max", "-1"], "--spec-draft-n-max must be 0 to 256, got -1"),
+    (["--spec-draft-n-max", "1000"], "--spec-draft-n-max must be 0 to 256, got 1000"),
     (["-c", "8"], "-c must be >= 64"),
     (["--memory", "x.bin", "--no-memory"], "contradict"),
     (["--memory-save-interval", "0"], "--memory-save-interval must be > 0"),

@@ -3,10 +3,8 @@ directories; llama.cpp's lookup.bin and the static-table output."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -16,38 +14,7 @@ import ngramcache
 from conftest import canonical_bytes, canonical_sha, cache_stats, run_cli, run_json
 from ngramcache import NgramCache
 from ngramcache.corpus.tokenizers import tokenize_files
-from test_cli import tiny_hf_json  # noqa: F401 (a fixture)
-
-HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
-
-
-def stdlib_corpus(tmp_path: Path, limit: int = 300_000) -> Path:
-    """A small real corpus: a slice of the standard library's source, as a directory."""
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    d = tmp_path / "corpus"
-    d.mkdir()
-    total = 0
-    for i, name in enumerate(["functools.py", "csv.py", "shutil.py", "tempfile.py", "enum.py", "inspect.py"]):
-        src = lib / name
-        if not src.is_file():
-            continue
-        data = src.read_bytes()
-        (d / f"{i:02d}_{name}").write_bytes(data)
-        total += len(data)
-        if total >= limit:
-            break
-    return d
-
-
-def smollm2_path() -> str:
-    if not HAVE_LLAMA:
-        pytest.skip("llama-cpp-python not installed")
-    from ngramcache.models import default_model_path
-    try:
-        return default_model_path("smollm2")
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-
+from support import smollm2_path, stdlib_corpus, tiny_hf_json  # noqa: F401 (tiny_hf_json: a fixture)
 
 def bytes_as_tokens(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8).astype(np.int32)

@@ -12,7 +12,7 @@ import pytest
 from ngramcache import CopyDrafter, LookupDrafter
 from ngramcache.decoding import costs as C
 from ngramcache.decoding.costs import CostKey, calibrate, gated_drafter, stored_costs
-from test_generation import FakeModel
+from support import FakeModel
 
 
 class Clock:

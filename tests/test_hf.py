@@ -20,46 +20,11 @@ transformers = pytest.importorskip("transformers")
 
 import ngramcache as nc  # noqa: E402
 from ngramcache import hf  # noqa: E402
+from ngramcache.integrations import hf_extra  # noqa: E402
 from ngramcache.drafters.catalog import DRAFTERS, make_drafter  # noqa: E402
 
 from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList  # noqa: E402
-
-
-def tiny_model(vocab: int = 48, seed: int = 0, sharpen: float = 1.0):
-    """A 2-layer Llama with random weights; ``sharpen`` scales the output layer, making
-    its next-token distributions peaked."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False)
-    m = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        m.lm_head.weight.mul_(sharpen)
-    m.eval()
-    return m
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_model(sharpen=8.0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def own_cost_store(tmp_path_factory):
-    """Verification costs measured here are kept in a folder of the tests, not the user's."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("NGRAMCACHE_CACHE_DIR", str(tmp_path_factory.mktemp("costs")))
-        yield
-
-
-def plain(model, ids, **kw):
-    return model.generate(ids, do_sample=False, **kw)
-
-
-def prompt_ids(vocab: int = 48, n: int = 24, seed: int = 1):
-    rng = np.random.default_rng(seed)
-    base = rng.integers(2, vocab, size=n // 2)
-    return torch.from_numpy(np.concatenate([base, base])[None, :].astype(np.int64))  # a repeat to copy from
+from support import own_cost_store, plain, prompt_ids, tiny, tiny_model  # noqa: E402,F401  (fixtures too)
 
 
 class Recording(nc.PromptLookupDrafter):
@@ -113,7 +78,7 @@ def test_transformers_release_under_test():
     want = os.environ.get("NGRAMCACHE_EXPECT_TRANSFORMERS")
     if want:
         assert transformers.__version__ == want
-    assert hf._version_tuple(transformers.__version__) >= hf.MIN_TRANSFORMERS
+    assert hf_extra.version_tuple(transformers.__version__) >= hf.MIN_TRANSFORMERS
 
 
 # --- greedy: identical to plain generate -------------------------------------------
@@ -443,10 +408,10 @@ def test_missing_extra_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)  # an import of it fails
     with pytest.raises(ImportError, match=r"gguf.*ngramcache\[hf\]"):
         hf.load_model("smollm2")
-    monkeypatch.setattr(hf, "_IMPORT_ERROR", ImportError("No module named 'transformers'"))
+    monkeypatch.setattr(hf_extra, "IMPORT_ERROR", ImportError("No module named 'transformers'"))
     with pytest.raises(ImportError, match=r"ngramcache\[hf\]"):
         hf.generate(None, [1, 2], "pld")
-    monkeypatch.setattr(hf, "_IMPORT_ERROR", None)
+    monkeypatch.setattr(hf_extra, "IMPORT_ERROR", None)
     monkeypatch.setattr(hf.transformers, "__version__", "4.40.0")
     with pytest.raises(ImportError, match="transformers >= 4.57"):
         hf.generate(None, [1, 2], "pld")

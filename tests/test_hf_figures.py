@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 import ngramcache as nc  # noqa: E402
 from ngramcache import hf  # noqa: E402
-from test_hf import own_cost_store, plain, prompt_ids, tiny, tiny_model  # noqa: E402,F401  (fixtures too)
+from support import own_cost_store, plain, prompt_ids, tiny, tiny_model  # noqa: E402,F401  (fixtures too)
 
 
 class Handed(hf.DrafterCandidateGenerator):

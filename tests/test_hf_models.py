@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from ngramcache import data, hf  # noqa: E402
 from ngramcache.drafters.catalog import DRAFTERS, make_drafter  # noqa: E402
-from test_hf import own_cost_store, plain  # noqa: E402,F401  (the fixture too)
+from support import own_cost_store, plain  # noqa: E402,F401  (the fixture too)
 
 
 def _real_prompts() -> list[str]:

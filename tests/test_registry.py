@@ -17,7 +17,7 @@ from ngramcache.drafters.base import SequenceDrafter
 from ngramcache.drafters.catalog import DRAFTERS, drafter_class, make_drafter
 from ngramcache.drafters.options import Option, OptionError, UnknownOptionError
 from ngramcache.replays import replay_drafter
-from test_catalog import python_replay
+from support import prompt_ids, python_replay, tiny_model
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "drafters.md"
 
@@ -174,7 +174,6 @@ def test_hf_generate_drafts_with_it_by_name(toy, tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from ngramcache.integrations import hf
-    from test_hf import prompt_ids, tiny_model
 
     monkeypatch.setenv("NGRAMCACHE_CACHE_DIR", str(tmp_path))
     model = tiny_model(sharpen=8.0)

@@ -14,7 +14,7 @@ from conftest import PROMPT, PROMPTS, reference, run_cli
 from ngramcache import CopyDrafter, LookupDrafter, OracleDrafter, PromptCache, SuffixDrafter
 from ngramcache.decoding.loop import generate, stream
 from ngramcache.decoding.sampling import Sampler, SeededSampler, gumbel_noise, make_sampler
-from test_generation import FakeModel, RejectingDrafter
+from support import FakeModel, RejectingDrafter
 
 
 # --- an independent statement of the documented draw ----------------------------------

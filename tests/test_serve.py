@@ -7,19 +7,18 @@ against the memory file."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from support import SERVE_CTX, Server, chat, rss_kb, save_under_way
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -28,70 +27,8 @@ pytest.importorskip("llama_cpp")
 
 pytestmark = pytest.mark.model
 
-CTX = 2048
 CODE_TURN = "Write a small Python class Stack with push and pop methods. Only the code."
 EDIT_TURN = "Add a peek method and a __len__ method. Give the full updated code."
-
-
-class Server:
-    """A `python -m ngramcache serve` process on a free port of 127.0.0.1."""
-
-    def __init__(self, *flags: str, env: dict | None = None):
-        cmd = [sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "--port", "0", "-c", str(CTX), *flags]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, **(env or {})})
-        self.log: list[str] = []
-        deadline = time.monotonic() + 240
-        self.url = None
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            self.log.append(line)
-            m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
-            if m:
-                self.url = m.group(1)
-                break
-        if self.url is None:
-            self.proc.kill()
-            rest = self.proc.stderr.read()
-            self.proc.wait(30)
-            self.proc.stderr.close()
-            raise RuntimeError("the server did not start:\n" + "".join(self.log) + rest)
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            self.log.append(line)
-
-    def client(self, timeout: float = 300, **kw) -> "openai.OpenAI":
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=timeout, **kw)
-
-    def get(self, path: str) -> str:
-        with urllib.request.urlopen(self.url + path, timeout=30) as r:
-            return r.read().decode()
-
-    def post(self, path: str, body: bytes, content_type: str = "application/json") -> tuple[int, dict]:
-        req = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": content_type})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def metric(self, name: str) -> float:
-        m = re.search(rf"^{name} (\S+)$", self.get("/metrics"), re.M)
-        assert m, f"{name} not in /metrics"
-        return float(m.group(1))
-
-    def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        rc = self.proc.wait(timeout)
-        self._reader.join(10)
-        self.proc.stderr.close()
-        return rc
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +45,7 @@ def server(tmp_path_factory):
 def llm():
     from ngramcache import llama as nl
 
-    return nl.make_llama("smollm2", n_ctx=CTX)
-
-
-def _chat(client, messages, **kw):
-    return client.chat.completions.create(model="smollm2", messages=messages, temperature=0, **kw)
+    return nl.make_llama("smollm2", n_ctx=SERVE_CTX)
 
 
 def _reference(llm, messages, drafter: str | None, max_tokens: int) -> str:
@@ -154,7 +87,7 @@ def test_chat_answers_equal_generate_with_the_same_drafter(server, llm, drafter)
     c = server.client()
     messages = [{"role": "user", "content": CODE_TURN}]
     spec = {"drafter": drafter} if drafter else {"enabled": False}
-    r = _chat(c, messages, max_tokens=80, extra_body={"speculative": spec, "cache_prompt": False})
+    r = chat(c, messages, max_tokens=80, extra_body={"speculative": spec, "cache_prompt": False})
     text = r.choices[0].message.content
     assert text == _reference(llm, messages, drafter, 80)
     assert r.usage.completion_tokens == 80 or r.choices[0].finish_reason == "stop"
@@ -168,11 +101,11 @@ def test_chat_answers_equal_generate_with_the_same_drafter(server, llm, drafter)
 def test_streaming_gives_the_same_text_and_marks_drafts(server):
     c = server.client()
     first = [{"role": "user", "content": CODE_TURN}]
-    a1 = _chat(c, first, max_tokens=80, extra_body={"cache_prompt": False}).choices[0].message.content
+    a1 = chat(c, first, max_tokens=80, extra_body={"cache_prompt": False}).choices[0].message.content
     messages = first + [{"role": "assistant", "content": a1}, {"role": "user", "content": EDIT_TURN}]
-    whole = _chat(c, messages, max_tokens=100, extra_body={"cache_prompt": False})
+    whole = chat(c, messages, max_tokens=100, extra_body={"cache_prompt": False})
     pieces, drafted, final = [], [], None
-    stream = _chat(c, messages, max_tokens=100, stream=True, extra_body={"cache_prompt": False})
+    stream = chat(c, messages, max_tokens=100, stream=True, extra_body={"cache_prompt": False})
     for chunk in stream:
         extra = chunk.model_extra.get("ngramcache") or {}
         if chunk.choices and chunk.choices[0].delta.content:
@@ -205,10 +138,10 @@ def test_completion_text_and_token_prompts_and_stop(server):
 def test_prompt_cache_serves_the_next_turn_from_the_kv_cache(server):
     c = server.client()
     first = [{"role": "user", "content": CODE_TURN}]
-    r1 = _chat(c, first, max_tokens=60)
+    r1 = chat(c, first, max_tokens=60)
     messages = first + [{"role": "assistant", "content": r1.choices[0].message.content},
                         {"role": "user", "content": EDIT_TURN}]
-    r2 = _chat(c, messages, max_tokens=20)
+    r2 = chat(c, messages, max_tokens=20)
     cached = r2.usage.prompt_tokens_details.cached_tokens
     # everything up to the end of the first answer is in the KV cache
     assert r1.usage.prompt_tokens + r1.usage.completion_tokens - 2 <= cached < r2.usage.prompt_tokens
@@ -256,26 +189,19 @@ def test_bad_json_and_chat_errors(server):
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(openai.BadRequestError, match="context") as e:
-        _chat(c, [{"role": "user", "content": "hi"}], max_tokens=CTX)
+        chat(c, [{"role": "user", "content": "hi"}], max_tokens=SERVE_CTX)
     assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "max_tokens"
     # the server still answers after every error
-    assert _chat(c, [{"role": "user", "content": "hi"}], max_tokens=3).usage.completion_tokens <= 3
+    assert chat(c, [{"role": "user", "content": "hi"}], max_tokens=3).usage.completion_tokens <= 3
 
 
 def _served_alone(server, requests):
     c = server.client()
     out = []
     for kind, messages, spec in requests:
-        r = _chat(c, messages, max_tokens=16, extra_body={"speculative": spec, "cache_prompt": False})
+        r = chat(c, messages, max_tokens=16, extra_body={"speculative": spec, "cache_prompt": False})
         out.append(r.choices[0].message.content)
     return out
-
-
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 def test_load_16_clients_8_requests_some_cancelled(server):
@@ -286,7 +212,7 @@ def test_load_16_clients_8_requests_some_cancelled(server):
                 for i, t in enumerate(topics)]
     alone = _served_alone(server, requests)
     cancelled_before = server.metric("ngramcache_cancelled_total")
-    rss_before = _rss_kb(server.proc.pid)
+    rss_before = rss_kb(server.proc.pid)
     results: dict[tuple[int, int], str] = {}
     errors: list[str] = []
     n_cancel = 0
@@ -304,9 +230,9 @@ def test_load_16_clients_8_requests_some_cancelled(server):
             try:
                 kw = dict(max_tokens=16, extra_body={"speculative": spec, "cache_prompt": False})
                 if mode < 2:
-                    results[(ci, j)] = _chat(c, messages, **kw).choices[0].message.content
+                    results[(ci, j)] = chat(c, messages, **kw).choices[0].message.content
                 else:
-                    with _chat(c, messages, stream=True, **kw) as s:
+                    with chat(c, messages, stream=True, **kw) as s:
                         parts = []
                         for i, chunk in enumerate(s):
                             if chunk.choices and chunk.choices[0].delta.content:
@@ -342,7 +268,7 @@ def test_load_16_clients_8_requests_some_cancelled(server):
     assert h["queued"] == 0 and not h["busy"]
     # streams that went away stopped their requests (most of them before the end)
     assert server.metric("ngramcache_cancelled_total") - cancelled_before >= 1
-    assert _rss_kb(server.proc.pid) - rss_before < 200_000, "the server grew by more than 200 MB"
+    assert rss_kb(server.proc.pid) - rss_before < 200_000, "the server grew by more than 200 MB"
     print(f"load test: {16 * 8} requests in {time.monotonic() - t0:.1f} s")
 
 
@@ -357,7 +283,7 @@ def test_memory_is_learned_bounded_saved_at_sigterm_and_loaded(tmp_path):
     try:
         c = s.client()
         for t in ["a stack", "a queue", "a heap", "a set", "a trie", "a graph", "a deque", "a map"]:
-            _chat(c, [{"role": "user", "content": f"Write a Python class for {t}, with docstrings."}], max_tokens=120)
+            chat(c, [{"role": "user", "content": f"Write a Python class for {t}, with docstrings."}], max_tokens=120)
         tokens = s.metric("ngramcache_memory_tokens")
         assert 0 < tokens <= 1500
     finally:
@@ -375,31 +301,12 @@ def test_memory_is_learned_bounded_saved_at_sigterm_and_loaded(tmp_path):
     assert s3.returncode == 1 and "memory" in s3.stderr and "Traceback" not in s3.stderr
 
 
-def _save_under_way(pid: int, folder: Path) -> bool:
-    """Whether the process is writing a temporary file in ``folder``: a named one (file
-    systems without anonymous files) or, on Linux, an anonymous one it holds open, which
-    /proc shows as ``FOLDER/#INODE (deleted)``."""
-    if any(p.name.startswith(".memory.bin") for p in folder.iterdir()):
-        return True
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(f"{folder}/#"):
-                return True
-        except OSError:
-            continue
-    return False
-
-
 def test_sigkill_while_saving_keeps_the_previous_memory_file(tmp_path):
     path = tmp_path / "memory.bin"
     s = _memory_server(path, "--memory-save-interval", "0.002")  # saves between requests, often
     try:
         c = s.client()
-        _chat(c, [{"role": "user", "content": "Write a Python class Stack."}], max_tokens=40)
+        chat(c, [{"role": "user", "content": "Write a Python class Stack."}], max_tokens=40)
         deadline = time.monotonic() + 60
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -410,7 +317,7 @@ def test_sigkill_while_saving_keeps_the_previous_memory_file(tmp_path):
         def keep_busy():
             while not stop.is_set():
                 try:
-                    _chat(c, [{"role": "user", "content": "Write a Python class Queue."}], max_tokens=8)
+                    chat(c, [{"role": "user", "content": "Write a Python class Queue."}], max_tokens=8)
                 except Exception:
                     return
 
@@ -419,7 +326,7 @@ def test_sigkill_while_saving_keeps_the_previous_memory_file(tmp_path):
         deadline = time.monotonic() + 60
         killed = False
         while time.monotonic() < deadline and not killed:
-            if _save_under_way(s.proc.pid, tmp_path):
+            if save_under_way(s.proc.pid, tmp_path):
                 s.proc.kill()
                 killed = True
         stop.set()

@@ -7,36 +7,20 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 
-from test_serve import CTX, Server, _chat
+from support import FIXED_DRAFT, SERVE_CTX, Server, chat, post_raw, raw_post, save_under_way
+
 
 pytestmark = pytest.mark.model
 
-# The servers here draft without the adaptive gate: what is under test is not drafting, and
-# the gate's cost measurement (minutes on a loaded machine) would only delay every start.
-FIXED = "--fixed-draft"
-
 LONG = 1500  # tokens: far longer than any drain these tests allow
-
-
-def _post_raw(url: str, body: bytes, timeout: float = 120) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        with e:  # its socket, closed now rather than by the garbage collector
-            return e.code, e.read()
 
 
 def _events(raw: bytes) -> list:
@@ -51,7 +35,7 @@ def _events(raw: bytes) -> list:
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server(FIXED, "--no-memory", "--max-body-bytes", str(12 * 1024 * 1024))
+    s = Server(FIXED_DRAFT, "--no-memory", "--max-body-bytes", str(12 * 1024 * 1024))
     yield s
     s.stop()
 
@@ -73,7 +57,7 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(server, path, body, param):
     assert status == 400, err
     assert err["error"]["param"] == param and err["error"]["code"] == "invalid_unicode"
     assert err["error"]["type"] == "invalid_request_error" and "surrogate" in err["error"]["message"]
-    assert _chat(server.client(), [{"role": "user", "content": "hi"}], max_tokens=2).choices[0].message.content
+    assert chat(server.client(), [{"role": "user", "content": "hi"}], max_tokens=2).choices[0].message.content
 
 
 def test_health_answers_at_once_while_a_10_mb_prompt_is_tokenized(server):
@@ -81,7 +65,7 @@ def test_health_answers_at_once_while_a_10_mb_prompt_is_tokenized(server):
     result = {}
 
     def send():
-        result["status"], result["body"] = _post_raw(server.url + "/v1/completions",
+        result["status"], result["body"] = post_raw(server.url + "/v1/completions",
                                                      json.dumps({"prompt": prompt, "max_tokens": 1}).encode(), 300)
 
     t = threading.Thread(target=send)
@@ -102,46 +86,20 @@ def test_health_answers_at_once_while_a_10_mb_prompt_is_tokenized(server):
     assert result["status"] == 400 and err["code"] == "context_length_exceeded" and err["param"] == "prompt"
 
 
-def _raw_post(url: str, head_fields: str, parts=()) -> tuple[int, dict]:
-    """POST /v1/completions over a socket: the head, then ``parts`` as sent (a client
-    that stops sending and reads the answer, so that what it reads is the server's)."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=60) as sock:
-        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                     f"{head_fields}\r\n".encode())
-        for part in parts:
-            sock.sendall(part)
-        data = b""
-        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
-    return int(head.split()[1]), json.loads(body)
-
-
-def _length(data: bytes) -> int:
-    for line in data.split(b"\r\n\r\n", 1)[0].split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            return int(line.split(b":")[1])
-    return 1 << 30
-
-
 def test_a_body_over_max_body_bytes_is_a_413(server):
     limit = 12 * 1024 * 1024
     # by its Content-Length, before a byte of it is read (the client waits for 100-continue)
-    status, body = _raw_post(server.url, f"Content-Length: {limit + 1}\r\nExpect: 100-continue\r\n")
+    status, body = raw_post(server.url, f"Content-Length: {limit + 1}\r\nExpect: 100-continue\r\n")
     err = body["error"]
     assert status == 413 and set(err) == {"message", "type", "param", "code"}
     assert err["code"] == "request_too_large" and f"{limit} bytes" in err["message"]
     # without a Content-Length (chunked): refused as soon as it passes the limit
     mib = b"x" * (1 << 20)
     parts = [b"%x\r\n%s\r\n" % (len(mib), mib)] * 12 + [b"5\r\nxxxxx\r\n"]
-    status, body = _raw_post(server.url, "Transfer-Encoding: chunked\r\n", parts)
+    status, body = raw_post(server.url, "Transfer-Encoding: chunked\r\n", parts)
     assert status == 413 and body["error"]["code"] == "request_too_large"
     # a body under the limit is read as usual
-    status, body = _raw_post(server.url, "Content-Length: 2\r\n", [b"{}"])
+    status, body = raw_post(server.url, "Content-Length: 2\r\n", [b"{}"])
     assert status == 422 and body["error"]["param"] == "prompt"
     assert json.loads(server.get("/health"))["status"] == "ok"
 
@@ -155,13 +113,13 @@ def _long(stream: bool) -> bytes:
 @pytest.mark.parametrize("running_streams", [False, True])
 def test_sigterm_stops_the_running_request_answers_every_one_and_saves_the_memory(tmp_path, vocab, running_streams):
     path = tmp_path / "memory.bin"
-    s = Server(FIXED, "--memory", str(path), "--shutdown-timeout", "1")
+    s = Server(FIXED_DRAFT, "--memory", str(path), "--shutdown-timeout", "1")
     answers: dict[str, tuple[int, bytes]] = {}
     try:
-        _chat(s.client(), [{"role": "user", "content": "Say hi."}], max_tokens=8)  # something to remember
+        chat(s.client(), [{"role": "user", "content": "Say hi."}], max_tokens=8)  # something to remember
 
         def send(name, body):
-            answers[name] = _post_raw(s.url + "/v1/completions", body, timeout=120)
+            answers[name] = post_raw(s.url + "/v1/completions", body, timeout=120)
 
         threads = [threading.Thread(target=send, args=("running", _long(running_streams)))]
         threads[0].start()
@@ -235,13 +193,13 @@ def test_sigterm_in_the_prompt_pass_stops_it_at_its_next_batch(tmp_path, vocab):
     path = tmp_path / "memory.bin"
     # small batches: the prompt pass is many decodes, and a stop is taken between two of them;
     # no grace, so the stop comes at once rather than after the prompt pass on a fast machine
-    s = Server(FIXED, "--memory", str(path), "--shutdown-timeout", "0", "-b", "16")
+    s = Server(FIXED_DRAFT, "--memory", str(path), "--shutdown-timeout", "0", "-b", "16")
     answer = {}
     try:
-        _chat(s.client(), [{"role": "user", "content": "Say hi."}], max_tokens=8)  # something to remember
+        chat(s.client(), [{"role": "user", "content": "Say hi."}], max_tokens=8)  # something to remember
         body = json.dumps({"prompt": list(range(1000, 1000 + PROMPT_PASS)), "max_tokens": 8, "stream": True,
                            "cache_prompt": False, "speculative": {"enabled": False}}).encode()
-        t = threading.Thread(target=lambda: answer.update(r=_post_raw(s.url + "/v1/completions", body)))
+        t = threading.Thread(target=lambda: answer.update(r=post_raw(s.url + "/v1/completions", body)))
         t.start()
         deadline = time.monotonic() + 60
         while not json.loads(s.get("/health"))["busy"] and time.monotonic() < deadline:
@@ -264,10 +222,9 @@ def test_sigterm_in_the_prompt_pass_stops_it_at_its_next_batch(tmp_path, vocab):
 
 
 def test_sigterm_while_the_memory_is_saved(tmp_path, vocab):
-    from test_serve import _save_under_way
 
     path = tmp_path / "memory.bin"
-    s = Server(FIXED, "--memory", str(path), "--memory-save-interval", "0.002", "--shutdown-timeout", "1")
+    s = Server(FIXED_DRAFT, "--memory", str(path), "--memory-save-interval", "0.002", "--shutdown-timeout", "1")
     statuses = []
     stop = threading.Event()
 
@@ -276,19 +233,19 @@ def test_sigterm_while_the_memory_is_saved(tmp_path, vocab):
         while not stop.is_set():
             i += 1
             try:
-                statuses.append(_post_raw(s.url + "/v1/completions",
+                statuses.append(post_raw(s.url + "/v1/completions",
                                           json.dumps({"prompt": f"{i} apples", "max_tokens": 4}).encode(), 60)[0])
             except OSError:  # the server stopped listening
                 return
 
     try:
-        _chat(s.client(), [{"role": "user", "content": "Say hi."}], max_tokens=8)
+        chat(s.client(), [{"role": "user", "content": "Say hi."}], max_tokens=8)
         t = threading.Thread(target=keep_learning)
         t.start()
         deadline = time.monotonic() + 60
         saving = False
         while not saving and time.monotonic() < deadline:
-            saving = _save_under_way(s.proc.pid, tmp_path)
+            saving = save_under_way(s.proc.pid, tmp_path)
         if saving:
             rc, took = _sigterm(s)
         stop.set()
@@ -311,8 +268,8 @@ def test_a_memory_file_of_another_model_is_refused_as_such(tmp_path):
     mem = Memory(max_tokens=1000, mod_size=64)
     mem.learn(np.arange(50, dtype=np.int32))
     mem.save(path, 262144, bytes(32))  # an intact file, for another vocabulary
-    r = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "--port", "0", "-c", str(CTX),
-                        "--memory", str(path), FIXED], capture_output=True, text=True, timeout=240)
+    r = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "--port", "0", "-c", str(SERVE_CTX),
+                        "--memory", str(path), FIXED_DRAFT], capture_output=True, text=True, timeout=240)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "server memory made for another vocabulary" in r.stderr and "damaged" not in r.stderr, r.stderr
 
@@ -323,9 +280,9 @@ def test_a_static_table_is_checked_once_at_start(tmp_path):
     table = tmp_path / "corpus.ngst"
     tokens = (np.arange(20_000, dtype=np.int32) * 7919) % 5000
     StaticTable.build(tokens, 2).save(table)
-    s = Server(FIXED, "--no-memory", "-lcs", str(table))
+    s = Server(FIXED_DRAFT, "--no-memory", "-lcs", str(table))
     try:
-        r = _chat(s.client(), [{"role": "user", "content": "hi"}], max_tokens=4)
+        r = chat(s.client(), [{"role": "user", "content": "hi"}], max_tokens=4)
         assert r.choices[0].message.content
     finally:
         s.stop()
@@ -335,7 +292,7 @@ def test_a_static_table_is_checked_once_at_start(tmp_path):
     table.write_bytes(bytes(data))
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "--port", "0", "-lcs",
-                        str(table), FIXED], capture_output=True, text=True, timeout=240)
+                        str(table), FIXED_DRAFT], capture_output=True, text=True, timeout=240)
     assert r.returncode == 1 and "Traceback" not in r.stderr and "checksum" in r.stderr, r.stderr
     assert time.monotonic() - t0 < 60
     r = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "--drafter", "suffix", "-lcs", str(table)],

@@ -22,9 +22,8 @@ import threading
 import time
 
 import pytest
+from support import FIXED_DRAFT, Server, post_raw, raw_post, rss_kb, save_under_way
 
-from test_serve import Server, _rss_kb, _save_under_way
-from test_serve_reliability import FIXED, _post_raw, _raw_post
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -280,9 +279,9 @@ class Soak:
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         if len(raw) > MAX_BODY:
             # announced by its Content-Length and refused before it is sent (100-continue)
-            got, err = _raw_post(self.server.url, f"Content-Length: {len(raw)}\r\nExpect: 100-continue\r\n")
+            got, err = raw_post(self.server.url, f"Content-Length: {len(raw)}\r\nExpect: 100-continue\r\n")
         else:
-            got, answer = _post_raw(self.server.url + path, raw, timeout=600)
+            got, answer = post_raw(self.server.url + path, raw, timeout=600)
             err = json.loads(answer)
         self.count("bad_input", got)
         assert got == status, (body if len(raw) < 200 else path, got, err)
@@ -296,7 +295,7 @@ class Soak:
     def probe(self, i: int) -> None:
         k = i % len(self.probes)
         path, body = self.probes[k]
-        status, raw = _post_raw(self.server.url + path, json.dumps(body).encode(), timeout=600)
+        status, raw = post_raw(self.server.url + path, json.dumps(body).encode(), timeout=600)
         self.count("probe", status)
         text = _answer_text(status, raw, body["stream"])
         with self.lock:
@@ -307,7 +306,7 @@ def _watch_rss(pid: int, stop: threading.Event, samples: list) -> None:
     t0 = time.monotonic()
     while not stop.wait(0.5):
         try:
-            samples.append((time.monotonic() - t0, _rss_kb(pid)))
+            samples.append((time.monotonic() - t0, rss_kb(pid)))
         except OSError:
             return
 
@@ -338,7 +337,7 @@ def _kill_while_saving(server: Server, folder, interval_s: float) -> bool:
     deadline = time.monotonic() + 30
     saving = False
     while time.monotonic() < deadline and not saving:
-        saving = _save_under_way(server.proc.pid, folder)
+        saving = save_under_way(server.proc.pid, folder)
     server.proc.kill()
     server.proc.wait(30)
     stop.set()
@@ -359,7 +358,7 @@ def _wait_idle(server, within_s: float) -> tuple[dict, float]:
 
 def test_soak_two_clients_every_kind_of_request(tmp_path):
     path = tmp_path / "memory.bin"
-    server = Server(FIXED, "--memory", str(path), "--memory-save-interval", str(SAVE_INTERVAL_MIN),
+    server = Server(FIXED_DRAFT, "--memory", str(path), "--memory-save-interval", str(SAVE_INTERVAL_MIN),
                     "--memory-tokens", str(MEMORY_TOKENS), "--max-body-bytes", str(MAX_BODY))
     probes = _probes()
     try:
@@ -367,9 +366,9 @@ def test_soak_two_clients_every_kind_of_request(tmp_path):
         # alone, before the load: the answers to expect during it
         alone = []
         for path_, body in probes:
-            status, raw = _post_raw(server.url + path_, json.dumps(body).encode(), timeout=600)
+            status, raw = post_raw(server.url + path_, json.dumps(body).encode(), timeout=600)
             alone.append(_answer_text(status, raw, body["stream"]))
-        rss_start = _rss_kb(server.proc.pid)
+        rss_start = rss_kb(server.proc.pid)
         soak = Soak(server, SECONDS, probes)
         samples: list = []
         stop = threading.Event()
@@ -414,7 +413,7 @@ def test_soak_two_clients_every_kind_of_request(tmp_path):
             assert text == alone[k], (probes[k], text, alone[k])
     # the file the SIGKILL left is whole: the next server loads it
     assert path.read_bytes().startswith(b"NGSRVMEM")
-    again = Server(FIXED, "--memory", str(path), "--memory-tokens", str(MEMORY_TOKENS))
+    again = Server(FIXED_DRAFT, "--memory", str(path), "--memory-tokens", str(MEMORY_TOKENS))
     try:
         assert again.metric("ngramcache_memory_tokens") > 0
     finally:

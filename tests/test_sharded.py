@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from ngramcache import NgramCache, StaticTable, sharded
 from conftest import run_cli
-from test_cli import tiny_hf_json  # noqa: F401 (a fixture)
+from support import tiny_hf_json  # noqa: F401 (a fixture)
 from ngramcache.cli._caches import cache_to_table
 
 

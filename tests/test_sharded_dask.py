@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import run_cli, run_json
-from test_cli_create import smollm2_path, stdlib_corpus
+from support import smollm2_path, stdlib_corpus
 
 pytest.importorskip("distributed", reason="the 'distributed' extra (Dask) is not installed")
 pytestmark = pytest.mark.model

@@ -11,7 +11,7 @@ from ngramcache import CopyDrafter
 from ngramcache.decoding.loop import Stream, generate, stream
 from ngramcache.decoding.prefix import accepted_prefix
 from ngramcache.decoding.text_sink import TextSink
-from test_generation import FakeModel
+from support import FakeModel
 
 EOG = 3
 

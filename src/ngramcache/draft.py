@@ -7,11 +7,8 @@ import numpy as np
 from ngramcache import _core
 from ngramcache._validate import NGRAM_MAX, check_int, check_ngram_sizes, tail_tokens
 from ngramcache.cache import NgramCache
+from ngramcache.defaults import MAX_DRAFT  # the output is allocated up front, n_draft long at most
 from ngramcache.static_table import StaticTable
-
-# The output buffer is allocated up front; a cycle in the caches can make a draft as long as
-# n_draft, so an absurd n_draft is a mistake to report, not memory to reserve.
-MAX_DRAFT = 1 << 20
 
 
 def draft(tokens, n_draft: int, context: NgramCache, dynamic: NgramCache | None = None,

@@ -19,6 +19,7 @@ import numpy as np
 from ngramcache import _core
 from ngramcache._validate import as_tokens, check_int
 from ngramcache.cache import CacheFormatError, NgramCache
+from ngramcache.defaults import MAX_REPLAY_DRAFT
 from ngramcache.files import atomic_open, open_cache
 from ngramcache.progress import peak_rss_bytes
 from ngramcache.static_table import StaticTable
@@ -26,9 +27,6 @@ from ngramcache.static_table import StaticTable
 __all__ = ["ReplayStats", "replay", "replay_drafter", "SOURCES"]
 
 SOURCES = ("context", "dynamic", "static")
-
-# replay()'s own bound on n_draft: the per-position figures are arrays of that length.
-MAX_REPLAY_DRAFT = 1 << 16
 
 
 def _f32(x) -> np.float32:

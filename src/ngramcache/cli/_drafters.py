@@ -4,7 +4,11 @@ option names where llama.cpp has the drafter."""
 
 from __future__ import annotations
 
-from ngramcache.cli._common import UsageError
+from ngramcache.cli._common import UsageError, check_ranges
+from ngramcache.defaults import MAX_DECODE_DRAFT
+
+#: the draft-length flag of every command that drafts (llama.cpp's name); ``args.n_draft``
+DRAFT_LENGTH_FLAG = "--spec-draft-n-max"
 
 
 def _dest(spec, option) -> str:
@@ -35,6 +39,22 @@ def add_drafter_flags(p, default: str, what: str) -> None:
         for option in spec.options:
             g.add_argument(spec.flag(option), dest=_dest(spec, option), type=_PARSE[option.type], default=None,
                            metavar=_METAVAR[option.type], help=spec.help(option))
+
+
+def add_draft_length_flag(p, group, default: int, why: str = "", lowest: int = 0, highest: int = MAX_DECODE_DRAFT,
+                          aliases: tuple[str, ...] = ()) -> None:
+    """``--spec-draft-n-max N`` in ``group`` of parser ``p``: ``args.n_draft``, the most tokens
+    drafted per step, ``lowest`` to ``highest`` (``check_draft_length`` checks it), ``default``
+    unless given; ``why`` follows the default in the help."""
+    group.add_argument(DRAFT_LENGTH_FLAG, *aliases, type=int, default=default, metavar="N", dest="n_draft",
+                       help=f"most tokens drafted per step, {lowest} to {highest} (default: {default}{why})")
+    p.set_defaults(draft_length_range=(lowest, highest))
+
+
+def check_draft_length(args) -> None:
+    """A usage error when ``--spec-draft-n-max`` is outside the range its command declared."""
+    lowest, highest = args.draft_length_range
+    check_ranges(args, [("n_draft", lowest, f"{DRAFT_LENGTH_FLAG} must be {lowest} to {highest}", highest)])
 
 
 def drafter_options(args) -> dict:

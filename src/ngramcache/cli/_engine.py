@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 
 from ngramcache.cli._common import UsageError, check_output_path, check_ranges
-from ngramcache.cli._drafters import add_drafter_flags, drafter_options
+from ngramcache.cli._drafters import add_draft_length_flag, add_drafter_flags, check_draft_length, drafter_options
 from ngramcache.cli._inputs import add_model_flag
+from ngramcache.defaults import N_DRAFT
 from ngramcache.models import DEFAULT_MODEL
 
 
@@ -40,9 +41,8 @@ def add_engine_flags(p, chat: bool = False) -> None:
 
     add_drafter_flags(p, DEFAULT_DRAFTER, say["drafter"])
     g = p.add_argument_group("drafting")
-    g.add_argument("--spec-draft-n-max", "--draft-max", type=int, default=16, metavar="N", dest="n_draft",
-                   help="most tokens drafted per step (default: 16; with adaptive drafting only what pays is "
-                        "verified)")
+    add_draft_length_flag(p, g, N_DRAFT, "; with adaptive drafting only what pays is verified",
+                          aliases=("--draft-max",))
     g.add_argument("--no-draft", action="store_true", help=say["no-draft"])
     g.add_argument("--fixed-draft", action="store_true",
                    help="always draft up to --spec-draft-n-max tokens (no adaptive draft lengths)")
@@ -64,11 +64,10 @@ def build_engine(args, model_default: str = DEFAULT_MODEL):
     from ngramcache.models import model_path
     from ngramcache.serving.engine import ChatTemplate, Engine, Memory
 
-    check_ranges(args, [("n_draft", 0, "--spec-draft-n-max must be >= 0"), ("ctx_size", 64, "-c must be >= 64"),
+    check_draft_length(args)
+    check_ranges(args, [("ctx_size", 64, "-c must be >= 64"),
                         ("batch_size", 1, "-b must be >= 1"), ("threads", 1, "-t must be >= 1"),
                         ("memory_tokens", 1, "--memory-tokens must be >= 1")])
-    if args.n_draft > 256:
-        raise UsageError(f"--spec-draft-n-max must be <= 256, got {args.n_draft}")
     if not args.temp >= 0:
         raise UsageError(f"--temp must be >= 0, got {args.temp}")
     if not args.memory_save_interval > 0:

@@ -11,8 +11,9 @@ import time
 import numpy as np
 
 from ngramcache.cli._common import UsageError, add_output_flags, check_ranges, command_parser, emit
-from ngramcache.cli._drafters import add_drafter_flags, drafter_options
+from ngramcache.cli._drafters import add_draft_length_flag, add_drafter_flags, check_draft_length, drafter_options
 from ngramcache.cli._inputs import add_prompt_input, add_threads_flag, read_prompt
+from ngramcache.defaults import N_DRAFT
 
 HELP = "show the speedup on a real model, offline, beside plain decoding"
 DESCRIPTION = ("Plain greedy vs llama-cpp-python's prompt lookup vs ngramcache on one prompt: tokens/s, "
@@ -56,8 +57,7 @@ def add_parser(sub) -> None:
                      model=DEMO_MODEL, model_reason="the model of the demo's figures in the docs")
     p.add_argument("-n", "--n-predict", type=int, default=160, metavar="N", help="tokens to generate (default: 160)")
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="runs of each method (default: 3)")
-    p.add_argument("--spec-draft-n-max", type=int, default=16, metavar="N", dest="n_draft",
-                   help="most tokens ngramcache drafts per step (default: 16)")
+    add_draft_length_flag(p, p, N_DRAFT, lowest=1)  # at least 1: the ngramcache row is about drafting
     add_threads_flag(p)
     p.add_argument("--show", type=int, default=12, metavar="LINES",
                    help="print this many lines of the generated text (default: 12; 0: none)")
@@ -79,7 +79,8 @@ def run(args) -> int:
     from ngramcache.models import model_path
 
     check_ranges(args, [("n_predict", 1, "-n must be >= 1"), ("repeats", 1, "--repeats must be >= 1"),
-                        ("n_draft", 1, "--spec-draft-n-max must be >= 1"), ("threads", 1, "-t must be >= 1")])
+                        ("threads", 1, "-t must be >= 1")])
+    check_draft_length(args)
     drafter_options(args)
     prompt = read_prompt(args)
     if prompt is None:

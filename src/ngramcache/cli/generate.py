@@ -8,8 +8,9 @@ import time
 
 from ngramcache.cli._common import (InputError, UsageError, add_output_flags, check_output_path, check_ranges,
                                     command_parser, emit)
-from ngramcache.cli._drafters import add_drafter_flags, drafter_options
+from ngramcache.cli._drafters import add_draft_length_flag, add_drafter_flags, check_draft_length, drafter_options
 from ngramcache.cli._inputs import add_prompt_input, add_threads_flag, read_prompt
+from ngramcache.defaults import N_DRAFT
 
 HELP = "generate text with a real model and lookup drafting (llama-lookup)"
 DESCRIPTION = ("Speculative decoding with n-gram lookup drafts, verified by a GGUF model through llama-"
@@ -53,8 +54,7 @@ def add_parser(sub) -> None:
                    help="static cache: ngramcache static table (.ngst) or llama.cpp lookup.bin")
     p.add_argument("-lcd", "--lookup-cache-dynamic", metavar="FNAME",
                    help="dynamic cache (llama.cpp lookup.bin): read if it exists, updated and written at the end")
-    p.add_argument("--spec-draft-n-max", type=int, default=16, metavar="N", dest="n_draft",
-                   help="most tokens drafted per step (default: 16; with adaptive drafting only what pays is verified)")
+    add_draft_length_flag(p, p, N_DRAFT, "; with adaptive drafting only what pays is verified")
     p.add_argument("-n", "--n-predict", type=int, default=128, metavar="N",
                    help="tokens to generate; -1 = until end of text or a full context (default: 128)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context size (default: 4096)")
@@ -94,7 +94,8 @@ def run(args) -> int:
     from ngramcache.files import open_cache
     from ngramcache.models import model_path
 
-    check_ranges(args, [("n_draft", 0, "--spec-draft-n-max must be >= 0"), ("n_predict", -1, "-n must be >= -1"),
+    check_draft_length(args)
+    check_ranges(args, [("n_predict", -1, "-n must be >= -1"),
                         ("ctx_size", 8, "-c must be >= 8"), ("batch_size", 1, "-b must be >= 1"),
                         ("threads", 1, "-t must be >= 1"), ("seed", 0, "--seed must be >= 0")])
     if args.temp < 0:

@@ -6,16 +6,17 @@ import os
 
 from ngramcache.cli._common import (InputError, RunError, Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser,
                       emit, note)
-from ngramcache.cli._drafters import add_drafter_flags, build_drafter, drafter_options
+from ngramcache.cli._drafters import (add_draft_length_flag, add_drafter_flags, build_drafter, check_draft_length,
+                                      drafter_options)
 from ngramcache.cli._inputs import add_text_input, check_text_input, read_text_input
+from ngramcache.defaults import MAX_REPLAY_DRAFT, N_DRAFT, STATS_N_DRAFT
 
 DEFAULT_N_CTX = 4096
-DEFAULT_N_DRAFT = 3  # llama.cpp's --spec-draft-n-max default since 2026-05-19
 
 HELP = "measure drafting on a text, offline (llama-lookup-stats)"
 DESCRIPTION = ("Measure n-gram lookup drafting on a text, offline: llama-lookup-stats' numbers and more.")
 
-EPILOG = """\
+EPILOG = f"""\
 Replays the text as llama-lookup-stats does: chunks of -c tokens (the final chunk is
 skipped unless a token follows it), each from an empty context cache, drafting up to
 --spec-draft-n-max tokens per step and accepting those that match the text; after each
@@ -28,10 +29,10 @@ drafter keeps across requests carries over), in C++ for a drafter with a compile
 that drafters can be compared on one text: acceptance, drafted tokens, the accepted-length
 histogram and us per drafted token.
 
-The defaults, --drafter lookup and --spec-draft-n-max 3, are llama-lookup-stats' own, on
+The defaults, --drafter lookup and --spec-draft-n-max {STATS_N_DRAFT}, are llama-lookup-stats' own, on
 purpose: the figures compare with llama.cpp's. generate, serve and chat draft with copy, up
-to 16 tokens, of which adaptive drafting verifies only what pays on the model; give
---drafter copy --spec-draft-n-max 16 to see what they would draft.
+to {N_DRAFT} tokens, of which adaptive drafting verifies only what pays on the model; give
+--drafter copy --spec-draft-n-max {N_DRAFT} to see what they would draft.
 
 -lcs and -lcd: opening a .ngst checks its header and section bounds, not its contents, so
 a file damaged past its header opens and replays (exit status 0); a lookup.bin is read
@@ -61,8 +62,7 @@ def add_parser(sub) -> None:
     r = p.add_argument_group("replay")
     r.add_argument("-c", "--ctx-size", type=int, default=DEFAULT_N_CTX, metavar="N",
                    help=f"chunk size in tokens, >= 2 (default: {DEFAULT_N_CTX})")
-    r.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_N_DRAFT, metavar="N", dest="n_draft",
-                   help=f"most tokens drafted per step, 0 to 65536 (default: {DEFAULT_N_DRAFT}, as llama.cpp)")
+    add_draft_length_flag(p, r, STATS_N_DRAFT, ", as llama.cpp", highest=MAX_REPLAY_DRAFT)
     r.add_argument("--no-llama-oob", action="store_false", dest="llama_oob",
                    help="treat 3- and 4-gram keys that reach before a chunk's start as not found, instead "
                         "of reading what llama.cpp reads there (docs/parity.md)")
@@ -75,10 +75,10 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ngramcache.progress import Progress, fmt_seconds
-    from ngramcache.replays import MAX_REPLAY_DRAFT, replay, replay_drafter
+    from ngramcache.replays import replay, replay_drafter
 
-    check_ranges(args, [("ctx_size", 2, "-c/--ctx-size must be >= 2 (it is the chunk size in tokens)"),
-                        ("n_draft", 0, f"--spec-draft-n-max must be 0 to {MAX_REPLAY_DRAFT}", MAX_REPLAY_DRAFT)])
+    check_ranges(args, [("ctx_size", 2, "-c/--ctx-size must be >= 2 (it is the chunk size in tokens)")])
+    check_draft_length(args)
     check_text_input(args)
     drafter = None  # None: llama.cpp's lookup, replayed exactly as llama-lookup-stats
     options = drafter_options(args)  # an option of another drafter is a usage error

@@ -14,11 +14,9 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["Option", "OptionError", "OptionTypeError", "UnknownOptionError", "check_options", "MAX_DRAFT", "check_n_draft"]
+from ngramcache.defaults import MAX_DRAFT
 
-# The one bound on a drafter's n_draft, shared with ``ngramcache.draft``: drafting reserves
-# its output up front, so an absurd n_draft is a mistake to report, not memory to reserve.
-from ngramcache.draft import MAX_DRAFT  # noqa: E402
+__all__ = ["Option", "OptionError", "OptionTypeError", "UnknownOptionError", "check_options", "MAX_DRAFT", "check_n_draft"]
 
 
 class OptionError(ValueError):

@@ -39,13 +39,14 @@ from typing import Any, Iterator
 from ngramcache.drafters.copy import CopyDrafter
 from ngramcache.drafters.llama_ngram import NgramMapDrafter, NgramModDrafter, NgramSimpleDrafter
 from ngramcache.drafters.lookup import LookupDrafter
+from ngramcache.defaults import N_DRAFT
 from ngramcache.drafters.options import MAX_DRAFT, Option, OptionError, UnknownOptionError, check_options
 from ngramcache.drafters.prompt_lookup import PromptLookupDrafter
 from ngramcache.drafters.suffix import SuffixDrafter
 
 __all__ = ["DrafterSpec", "Shared", "UnknownDrafterError", "register", "unregister", "spec", "specs",
            "make_drafter", "drafter_class", "name_of", "options_table", "shared_state_kinds", "DRAFTERS",
-           "DEFAULT_DRAFTER", "DEFAULT_N_DRAFT", "DYNAMIC", "embed_options_table", "STATIC", "SUFFIX_STORE", "MOD_TABLE", "MAX_DRAFT",
+           "DEFAULT_DRAFTER", "DYNAMIC", "embed_options_table", "STATIC", "SUFFIX_STORE", "MOD_TABLE", "MAX_DRAFT",
            "OptionError", "UnknownOptionError"]
 
 # kinds of state a drafter can share across requests
@@ -62,8 +63,6 @@ _KINDS = {
 
 #: the drafter ``generate`` and ``demo`` use unless told otherwise (bench/RESULTS.md)
 DEFAULT_DRAFTER = "copy"
-#: ``make_drafter``'s longest draft unless told otherwise
-DEFAULT_N_DRAFT = 16
 
 
 class UnknownDrafterError(ValueError):
@@ -151,7 +150,7 @@ class DrafterSpec:
             raise OptionError("options", f"must be an object of option names and values, got {type(values).__name__}")
         return self._check(values, tuple(o.name for o in self.options))
 
-    def make(self, n_draft: int = DEFAULT_N_DRAFT, gate=None, **options):
+    def make(self, n_draft: int = N_DRAFT, gate=None, **options):
         """The drafter, proposing up to ``n_draft`` tokens, with an optional gate;
         ``options``: its options and shared state by keyword (None values left out)."""
         given = {k: v for k, v in options.items() if v is not None}
@@ -226,7 +225,7 @@ def specs() -> tuple[DrafterSpec, ...]:
     return tuple(_specs.values())
 
 
-def make_drafter(name: str, n_draft: int = DEFAULT_N_DRAFT, gate=None, **options):
+def make_drafter(name: str, n_draft: int = N_DRAFT, gate=None, **options):
     """The drafter called ``name``, proposing up to ``n_draft`` tokens per step (0 to
     ``MAX_DRAFT``), with an optional ``AdaptiveGate``; ``options`` are its own options and
     its shared state by keyword (e.g. ``static=`` for ``lookup`` and ``copy``, ``store=``

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import re
 import time
 from typing import Sequence
 
@@ -35,17 +34,13 @@ import ngramcache.models as models
 from ngramcache._validate import check_int
 from ngramcache.drafters.base import Drafter
 from ngramcache.integrations.follower import Following, SequenceFollower
+from ngramcache.defaults import HF_N_DRAFT
 from ngramcache.integrations.hf_costs import GATE_OPTIONS, adaptive_drafter, calibrate, cost_key, verify_costs
+from ngramcache.integrations.hf_extra import MIN_TRANSFORMERS, need_hf, torch, transformers, version_tuple
 
-try:
-    import torch
-    import transformers
+if transformers is not None:
     from transformers.generation.candidate_generator import CandidateGenerator
-    _IMPORT_ERROR = None
-except ImportError as e:  # the module imports without the extra; using it needs it
-    torch = transformers = None
-    _IMPORT_ERROR = e
-
+else:  # the module imports without the extra; using it needs it (need_hf)
     class CandidateGenerator:  # type: ignore[no-redef]
         """Stand-in for transformers.generation.candidate_generator.CandidateGenerator."""
 
@@ -54,25 +49,6 @@ except ImportError as e:  # the module imports without the extra; using it needs
 
 __all__ = ["DrafterCandidateGenerator", "Drafting", "generate", "load_model", "chat_input_ids", "calibrate",
            "verify_costs", "cost_key", "adaptive_drafter", "GATE_OPTIONS", "MIN_TRANSFORMERS"]
-
-#: the oldest transformers release this module supports (the first whose assisted
-#: generation builds its candidate generator inside the decoding loop)
-MIN_TRANSFORMERS = (4, 57)
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    """(major, minor, patch) of a version string such as 4.57.0 or 5.0.0rc1."""
-    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
-
-
-def _need_hf() -> None:
-    if _IMPORT_ERROR is not None:
-        raise ImportError(f"ngramcache.integrations.hf needs transformers and torch ({_IMPORT_ERROR}); "
-                          "install them with pip install 'ngramcache[hf]'") from None
-    if _version_tuple(transformers.__version__) < MIN_TRANSFORMERS:
-        raise ImportError(f"ngramcache.integrations.hf needs transformers >= {'.'.join(map(str, MIN_TRANSFORMERS))}, "
-                          f"found {transformers.__version__}: pip install 'ngramcache[hf]'")
-
 
 def _as_ids(input_ids, n_vocab: int | None = None) -> "torch.Tensor":
     """``input_ids`` as a (1, n) int64 tensor: a tensor, an array or a list of ints, every
@@ -180,10 +156,10 @@ class DrafterCandidateGenerator(Following, CandidateGenerator):
     @property
     def num_drafting_tokens(self) -> int:
         """The most tokens one draft can hold: ``n_max``, else the drafter's ``n_draft``
-        (8 for a drafter without one). transformers reads it before the first step (a cache
-        with recurrent layers keeps that many steps of state so a rejected draft can be
-        rolled back)."""
-        return self.n_max if self.n_max is not None else int(getattr(self.drafter, "n_draft", 8))
+        (``ngramcache.defaults.HF_N_DRAFT`` for a drafter without one). transformers reads
+        it before the first step (a cache with recurrent layers keeps that many steps of
+        state so a rejected draft can be rolled back)."""
+        return self.n_max if self.n_max is not None else int(getattr(self.drafter, "n_draft", HF_N_DRAFT))
 
     def reset_counters(self) -> None:
         """Zero ``steps``, ``resets``, ``drafted``, ``accepted`` and ``draft_seconds``, and
@@ -341,7 +317,7 @@ def generate(model, input_ids, drafter=None, **generate_kwargs):
     output also carries ``drafting``, this call's :class:`Drafting` figures (drafted,
     accepted, acceptance, steps, resets, draft_seconds).
     """
-    _need_hf()
+    need_hf()
     if not isinstance(model, transformers.PreTrainedModel) or not hasattr(model, "generate"):
         raise TypeError(f"model must be a transformers model with generate(), got {type(model).__name__}")
     for k in ("custom_generate", "assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit"):
@@ -375,7 +351,7 @@ def generate(model, input_ids, drafter=None, **generate_kwargs):
 
 
 def _need_gguf() -> None:
-    _need_hf()
+    need_hf()
     missing = []
     for mod in ("gguf", "accelerate"):
         try:
@@ -400,7 +376,7 @@ def load_model(model: str | os.PathLike = "smollm2", dtype=None, tokenizer: bool
     dtype = torch.float32 if dtype is None else dtype
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kw = {"dtype": dtype} if _version_tuple(transformers.__version__) >= (4, 56) else {"torch_dtype": dtype}
+    kw = {"dtype": dtype} if version_tuple(transformers.__version__) >= (4, 56) else {"torch_dtype": dtype}
     try:
         m = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True, **kw)
     except ValueError as e:
@@ -415,7 +391,7 @@ def chat_input_ids(tokenizer, text: str | Sequence[dict]) -> "torch.Tensor":
     tokenizer's chat template, ready for the assistant's answer. A tokenizer without a chat
     template (a base model's, e.g. Gemma 3 270M) encodes the string as it is, with the
     tokenizer's special tokens (BOS)."""
-    _need_hf()
+    need_hf()
     if getattr(tokenizer, "chat_template", None) is None:
         if not isinstance(text, str):
             raise ValueError("this tokenizer has no chat template: give the prompt as one string")

@@ -17,22 +17,18 @@ import numpy as np
 from ngramcache._validate import check_int
 from ngramcache.decoding import costs as _costs
 from ngramcache.decoding.costs import CostKey
+from ngramcache.defaults import HF_N_DRAFT
 from ngramcache.drafters.base import Drafter
+from ngramcache.integrations.hf_extra import need_hf
 
 __all__ = ["calibrate", "verify_costs", "cost_key", "adaptive_drafter", "GATE_OPTIONS"]
-
-
-def _need_hf() -> None:
-    from ngramcache.integrations.hf import _need_hf as need
-
-    need()
 
 
 def cost_key(model) -> CostKey:
     """The cost store's key for ``model``: its class and configuration (what a forward pass
     costs depends on the architecture, not on the weights' values), torch and transformers
     versions, dtype, device, attention implementation and torch's thread count."""
-    _need_hf()
+    need_hf()
     import torch
     import transformers
 
@@ -79,7 +75,7 @@ def _forward_timer(model, max_batch: int, n_context: int):
 
 
 def _measure(model, max_batch: int, n_context: int = 512, repeats: int = 5) -> _costs.Calibration:
-    _need_hf()
+    need_hf()
     max_batch = check_int("max_batch", max_batch, 1)
     n_context = check_int("n_context", n_context, 1)
     with _forward_timer(model, max_batch, n_context) as time_batch:
@@ -100,7 +96,7 @@ def verify_costs(model, max_batch: int = 33, refresh: bool = False) -> list[floa
     and thread count and kept in the cost store (``ngramcache.decoding.costs.cost_store_path``;
     see :func:`cost_key`), unless the timings were too noisy to keep (then once per process).
     ``refresh``: measure again."""
-    _need_hf()
+    need_hf()
     return _costs.stored_costs(cost_key(model), lambda n: _measure(model, n), max_batch, refresh=refresh)
 
 
@@ -110,7 +106,7 @@ def verify_costs(model, max_batch: int = 33, refresh: bool = False) -> list[floa
 GATE_OPTIONS = {"shrink": 1.0}
 
 
-def adaptive_drafter(model, drafter: str | None = None, n_draft: int = 32, costs: Sequence[float] | None = None,
+def adaptive_drafter(model, drafter: str | None = None, n_draft: int = HF_N_DRAFT, costs: Sequence[float] | None = None,
                      **options) -> Drafter:
     """The drafter called ``drafter`` (``ngramcache.drafters.catalog``; None: its default) with an
     ``AdaptiveGate`` on this model's verification costs (``verify_costs``, or ``costs``:

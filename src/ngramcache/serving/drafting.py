@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ngramcache.defaults import MAX_DECODE_DRAFT
 from ngramcache.serving.errors import RequestError
 
-__all__ = ["DraftPlan", "resolve_speculative", "MAX_REQUEST_DRAFT"]
+__all__ = ["DraftPlan", "resolve_speculative"]
 
 _FIELDS = ("enabled", "drafter", "n_draft", "options")
-#: the longest draft a request may ask for: a draft is verified in one batch, and one this
-#: long is already past what pays on any model measured (docs/serve.md)
-MAX_REQUEST_DRAFT = 256
 
 
 class DraftPlan(NamedTuple):
@@ -47,8 +45,8 @@ def resolve_speculative(spec, drafter: str | None, n_draft: int) -> DraftPlan:
     n = spec.get("n_draft", n_draft)
     if n is None:
         n = n_draft
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_REQUEST_DRAFT:
-        raise RequestError(f"speculative.n_draft must be an integer in [0, {MAX_REQUEST_DRAFT}], got {n!r}",
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_DECODE_DRAFT:
+        raise RequestError(f"speculative.n_draft must be an integer in [0, {MAX_DECODE_DRAFT}], got {n!r}",
                            param="speculative.n_draft")
     options = spec.get("options")
     if name is None:

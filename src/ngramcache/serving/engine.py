@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ngramcache._validate import as_tokens, check_int
+from ngramcache.defaults import MAX_DECODE_DRAFT, N_DRAFT
 from ngramcache.decoding.gate import VerifyTimes
 from ngramcache.decoding.loop import PromptCache, is_backend
 from ngramcache.decoding.text_sink import TextSink
@@ -71,7 +72,7 @@ class Engine:
     the drafters that read one; ``max_queue``: jobs that may wait (None: no bound)."""
 
     def __init__(self, model, *, tokenize: Callable[[str], np.ndarray] | None = None, model_name: str = "model",
-                 drafter: str | None = "copy", n_draft: int = 16, drafter_options: dict | None = None,
+                 drafter: str | None = "copy", n_draft: int = N_DRAFT, drafter_options: dict | None = None,
                  adaptive: bool = True, memory: Memory | None = None, memory_path: str | os.PathLike | None = None,
                  save_every: float | None = None, chat_template: ChatTemplate | None = None, static=None,
                  max_queue: int | None = None):
@@ -90,7 +91,7 @@ class Engine:
             self._tokenize = tokenize or llama_tokenize
         self.model_name = model_name
         self.drafter = drafter
-        self.n_draft = check_int("n_draft", n_draft, 0, 256)
+        self.n_draft = check_int("n_draft", n_draft, 0, MAX_DECODE_DRAFT)
         self.drafter_opts = dict(drafter_options or {})
         self.memory = memory
         self.memory_path = None if memory_path is None else os.fspath(memory_path)
