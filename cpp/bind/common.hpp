@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -128,11 +129,28 @@ auto with_progress(const py::object& progress, F&& f) {
     }
 }
 
+// Every bound constructor's keyword defaults, by class name: _core.defaults() returns them,
+// and the tests compare them with the package's declarations. record_defaults(name,
+// options...) keeps those of the keywords (py::arg_v) among a constructor's `options`, so that
+// a keyword's default is written once, in the binding line, from the core's own constant.
+py::dict& keyword_defaults();
+
+template <class... Options>
+void record_defaults(const char* name, const Options&... options) {
+    py::dict defaults;
+    auto keep = [&defaults](const auto& option) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(option)>, py::arg_v>) defaults[option.name] = option.value;
+    };
+    (keep(options), ...);
+    keyword_defaults()[name] = defaults;
+}
+
 // One per file of the binding, called in this order (a class is registered before the
 // signatures that name it).
 void register_caches_tables(py::module_& m);
 void register_runs_files(py::module_& m);
 void register_drafters(py::module_& m);
 void register_llama_drafters(py::module_& m);
+void register_defaults(py::module_& m);
 
 }  // namespace ngramcache_bind

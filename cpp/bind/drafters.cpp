@@ -39,7 +39,8 @@ void register_lookup_drafters(py::module_& m) {
             return new Bound<LookupDrafter>(ngram_min, ngram_max, pointer(dynamic), static_source(static_obj),
                                                 pointer(context));
         }),
-        "context"_a.none(true), "dynamic"_a.none(true), "static"_a.none(true), "ngram_min"_a = 1, "ngram_max"_a = 4,
+        "context"_a.none(true), "dynamic"_a.none(true), "static"_a.none(true),
+        "ngram_min"_a = LookupDrafter::Defaults::ngram_min, "ngram_max"_a = LookupDrafter::Defaults::ngram_max,
         py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::keep_alive<1, 4>());
     def_set_dynamic(lookup);
 
@@ -57,8 +58,9 @@ void register_lookup_drafters(py::module_& m) {
             o.max_candidates = max_candidates;
             return new Copy(o, pointer(dynamic), static_source(static_obj), pointer(context));
         }),
-        "context"_a.none(true), "dynamic"_a.none(true), "static"_a.none(true), "ngram_min"_a = 1, "ngram_max"_a = 4,
-        "min_match"_a = 2, "max_match"_a = 32, "max_candidates"_a = 8,
+        "context"_a.none(true), "dynamic"_a.none(true), "static"_a.none(true), "ngram_min"_a = CopyOptions{}.ngram_min,
+        "ngram_max"_a = CopyOptions{}.ngram_max, "min_match"_a = CopyOptions{}.min_match,
+        "max_match"_a = CopyOptions{}.max_match, "max_candidates"_a = CopyOptions{}.max_candidates,
         py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::keep_alive<1, 4>());
     def_set_dynamic(copy);
     copy.def_property_readonly(
@@ -78,8 +80,11 @@ void register_lookup_drafters(py::module_& m) {
 void register_suffix(py::module_& m) {
     // Shared by drafters (shared_ptr): adds and evictions take its lock exclusively,
     // proposals share it; the GIL is released around adds, which cost O(max_depth) a token.
+    const py::arg_v max_tokens = "max_tokens"_a = SuffixStore::Defaults::max_tokens;
+    const py::arg_v max_depth = "max_depth"_a = SuffixStore::Defaults::max_depth;
+    record_defaults("SuffixStore", max_tokens, max_depth);
     py::class_<SuffixStore, std::shared_ptr<SuffixStore>>(m, "SuffixStore", "Earlier requests' tokens for SuffixDrafter.")
-        .def(py::init<size_t, size_t>(), "max_tokens"_a = 1000000, "max_depth"_a = 64)
+        .def(py::init<size_t, size_t>(), max_tokens, max_depth)
         .def(
             "add",
             [](SuffixStore& s, const Tokens& t) {
@@ -109,7 +114,10 @@ void register_suffix(py::module_& m) {
                                                      MaybeShared<SuffixStore> store) {
                                              return new Suffix(max_depth, alpha, min_prob, as_given(std::move(store)));
                                          }),
-                                         "max_depth"_a, "alpha"_a, "min_prob"_a, "store"_a.none(true))
+                                         "max_depth"_a = SuffixDrafter::Defaults::max_depth,
+                                         "alpha"_a = SuffixDrafter::Defaults::alpha,
+                                         "min_prob"_a = SuffixDrafter::Defaults::min_prob,
+                                         "store"_a.none(true) = py::none())
         .def("finish", [](Suffix& e) { e.use().finish(); })
         .def_property_readonly("n_nodes", [](Suffix& e) { return e.use().n_nodes(); })
         .def_property_readonly("nbytes", [](Suffix& e) { return e.use().memory_bytes(); });
@@ -127,7 +135,8 @@ void register_drafters(py::module_& m) {
             using Match = PromptLookupDrafter::Match;
             return new Bound<PromptLookupDrafter>(max_ngram, min_ngram, recent ? Match::recent : Match::first);
         }),
-        "max_ngram"_a = 3, "min_ngram"_a = 1, "recent"_a = false);
+        "max_ngram"_a = PromptLookupDrafter::Defaults::max_ngram,
+        "min_ngram"_a = PromptLookupDrafter::Defaults::min_ngram, "recent"_a = PromptLookupDrafter::Defaults::recent);
     register_suffix(m);
 }
 

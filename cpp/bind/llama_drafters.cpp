@@ -79,6 +79,7 @@ py::class_<LlamaShaped<D>, LlamaShapedDrafter> bind_llama_shaped(py::module_& m,
                                                                  const Options&... options) {
     py::class_<LlamaShaped<D>, LlamaShapedDrafter> c(m, name, doc);
     c.def(py::init([](Args... a) { return new LlamaShaped<D>(as_given(std::move(a))...); }), options...);
+    record_defaults(name, options...);
     using Sequence = Bound<SequenceAdapter<D>>;
     bind_sequence_drafter<SequenceAdapter<D>>(
         m, sequence_name, sequence_doc, py::init([](Args... a) { return new Sequence(as_given(std::move(a))...); }),
@@ -87,9 +88,11 @@ py::class_<LlamaShaped<D>, LlamaShapedDrafter> bind_llama_shaped(py::module_& m,
 }
 
 void register_mod_table(py::module_& m) {
+    const py::arg_v size = "size"_a = NgramModTable::kDefaultSize;
+    record_defaults("NgramModTable", size);
     py::class_<NgramModTable, std::shared_ptr<NgramModTable>>(m, "NgramModTable",
                                                               "ngram-mod's hash table, shareable by drafters and threads.")
-        .def(py::init<size_t>(), "size"_a = NgramModTable::kDefaultSize)
+        .def(py::init<size_t>(), size)
         .def("entries",
              [](const NgramModTable& t) {
                  py::array_t<int32_t> out(static_cast<py::ssize_t>(t.size()));
@@ -122,15 +125,18 @@ void register_llama_drafters(py::module_& m) {
     register_llama_shaped_drafter(m);
     bind_llama_shaped<NgramSimple, size_t, size_t>(m, "NgramSimple", "llama.cpp's ngram-simple drafter.",
                                                    "NgramSimpleSequence", "ngram-simple over the sequence protocol.",
-                                                   "size_n"_a = 12, "size_m"_a = 48);
+                                                   "size_n"_a = NgramSimple::Defaults::size_n,
+                                                   "size_m"_a = NgramSimple::Defaults::size_m);
     bind_llama_shaped<NgramMap, size_t, size_t, size_t, bool>(
         m, "NgramMap", "llama.cpp's ngram-map-k (k4v=False) and ngram-map-k4v drafters.", "NgramMapSequence",
-        "ngram-map-k/k4v over the sequence protocol.", "size_n"_a = 12, "size_m"_a = 48, "min_hits"_a = 1,
-        "k4v"_a = false)
+        "ngram-map-k/k4v over the sequence protocol.", "size_n"_a = NgramMap::Defaults::size_n,
+        "size_m"_a = NgramMap::Defaults::size_m, "min_hits"_a = NgramMap::Defaults::min_hits,
+        "k4v"_a = NgramMap::Defaults::k4v)
         .def_property_readonly("n_keys", [](const LlamaShaped<NgramMap>& d) { return d.drafter.keys().size(); });
     bind_llama_shaped<NgramMod, MaybeShared<NgramModTable>, size_t, size_t, size_t>(
         m, "NgramMod", "llama.cpp's ngram-mod drafter.", "NgramModSequence", "ngram-mod over the sequence protocol.",
-        "table"_a.none(true), "n_match"_a = 24, "n_min"_a = 48, "n_max"_a = 64)
+        "table"_a.none(true), "n_match"_a = NgramMod::Defaults::n_match, "n_min"_a = NgramMod::Defaults::n_min,
+        "n_max"_a = NgramMod::Defaults::n_max)
         .def_property_readonly("table", [](const LlamaShaped<NgramMod>& d) { return d.drafter.table(); })
         .def_property_readonly("n_low", [](const LlamaShaped<NgramMod>& d) { return d.drafter.n_low(); })
         .def_property_readonly("i_last", [](const LlamaShaped<NgramMod>& d) { return d.drafter.i_last(); });

@@ -5,6 +5,10 @@
 #include "common.hpp"
 #include "ngramcache/file_io.hpp"  // PathError, FileNotFound
 #include "ngramcache/ngram.hpp"
+#include "ngramcache/ngram_simple.hpp"  // kSpecSizeMax
+#include "ngramcache/prompt_lookup.hpp"
+#include "ngramcache/replay.hpp"
+#include "ngramcache/suffix_trie.hpp"  // kSuffixMaxDepth
 
 namespace ngramcache_bind {
 namespace {
@@ -35,6 +39,34 @@ void register_errors(py::module_& m) {
 }
 
 }  // namespace
+
+py::dict& keyword_defaults() {
+    // never destroyed: it may outlive the interpreter's finalisation
+    static py::dict* all = new py::dict();
+    return *all;
+}
+
+void register_defaults(py::module_& m) {
+    m.def(
+        "defaults",
+        [] {
+            pyt::Dict<py::str, pyt::Dict<py::str, py::object>> out;
+            for (auto item : keyword_defaults())
+                out[item.first] = item.second.attr("copy")();  // callers get copies, not the record
+            return out;
+        },
+        "Each class's constructor keywords that have a default, with it: {class name: {keyword: default}}.");
+    m.def(
+        "limits",
+        [] {
+            using namespace ngramcache;
+            return py::dict("max_replay_draft"_a = kMaxReplayDraft, "ngram_max"_a = kNgramMax,
+                            "spec_size_max"_a = kSpecSizeMax,
+                            "prompt_lookup_max_ngram"_a = PromptLookupDrafter::kMaxNgram,
+                            "suffix_max_depth"_a = kSuffixMaxDepth);
+        },
+        "The core's bounds that the package declares too: {name: value}.");
+}
 }  // namespace ngramcache_bind
 
 PYBIND11_MODULE(_core, m) {
@@ -45,4 +77,5 @@ PYBIND11_MODULE(_core, m) {
     register_runs_files(m);
     register_drafters(m);
     register_llama_drafters(m);
+    register_defaults(m);
 }

@@ -89,6 +89,7 @@ py::class_<Bound<D>, CompiledDrafter> bind_sequence_drafter(py::module_& m, cons
                                                             Init&& init, const Options&... options) {
     py::class_<Bound<D>, CompiledDrafter> c(m, name, doc);
     c.def(std::forward<Init>(init), options...);
+    record_defaults(name, options...);
     return c;
 }
 

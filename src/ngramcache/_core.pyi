@@ -208,7 +208,7 @@ class SuffixStore:
 
 class SuffixDrafter(CompiledDrafter):
     """Most frequent continuation of the longest suffix match (SuffixDecoding)."""
-    def __init__(self, max_depth: int, alpha: float, min_prob: float, store: SuffixStore | None) -> None: ...
+    def __init__(self, max_depth: int = 64, alpha: float = 4.0, min_prob: float = 0.1, store: SuffixStore | None = None) -> None: ...
     def finish(self) -> None: ...
     @property
     def n_nodes(self) -> int: ...
@@ -276,3 +276,9 @@ class NgramMod(LlamaShapedDrafter):
 class NgramModSequence(CompiledDrafter):
     """ngram-mod over the sequence protocol."""
     def __init__(self, table: NgramModTable | None, n_match: int = 24, n_min: int = 48, n_max: int = 64) -> None: ...
+
+def defaults() -> dict[str, dict[str, object]]:
+    """Each class's constructor keywords that have a default, with it: {class name: {keyword: default}}."""
+
+def limits() -> dict:
+    """The core's bounds that the package declares too: {name: value}."""

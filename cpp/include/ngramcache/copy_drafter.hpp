@@ -29,9 +29,11 @@
 
 namespace ngramcache {
 
+// The options and their defaults, which the binding's keywords take and _core.defaults()
+// reports (the package declares the same for its users; the tests compare the two).
 struct CopyOptions {
-    int ngram_min = 1;           // the lookup's n-gram sizes
-    int ngram_max = 4;
+    int ngram_min = LookupDrafter::Defaults::ngram_min;  // the lookup's n-gram sizes
+    int ngram_max = LookupDrafter::Defaults::ngram_max;
     size_t min_match = 2;        // a copy needs the last min_match tokens to have occurred before
     size_t max_match = 32;       // matches are compared this far back at most
     size_t max_candidates = 8;   // the newest this many earlier places are compared

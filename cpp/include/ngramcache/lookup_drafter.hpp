@@ -26,7 +26,15 @@ namespace ngramcache {
 
 class LookupDrafter {
 public:
-    explicit LookupDrafter(int ngram_min = 1, int ngram_max = 4, const SharedCache* dynamic = nullptr,
+    // The options' defaults, which the binding's keywords take and _core.defaults() reports
+    // (the package declares the same for its users; the tests compare the two).
+    struct Defaults {
+        static constexpr int ngram_min = 1;
+        static constexpr int ngram_max = kNgramMax;
+    };
+
+    explicit LookupDrafter(int ngram_min = Defaults::ngram_min, int ngram_max = Defaults::ngram_max,
+                           const SharedCache* dynamic = nullptr,
                            const StaticSource& st = {}, SharedCache* context = nullptr)
         : ngram_min_(ngram_min), ngram_max_(ngram_max), context_(context != nullptr ? context : &own_context_),
           dynamic_(dynamic), static_(st) {

@@ -44,7 +44,17 @@ public:
         std::array<Value, kValues> values{};
     };
 
-    NgramMap(size_t size_n = 12, size_t size_m = 48, size_t min_hits = 1, bool k4v = false)
+    // The options' (llama.cpp's) defaults, which the binding's keywords take and _core.defaults() reports
+    // (the package declares the same for its users; the tests compare the two).
+    struct Defaults {
+        static constexpr size_t size_n = 12;
+        static constexpr size_t size_m = 48;
+        static constexpr size_t min_hits = 1;
+        static constexpr bool k4v = false;
+    };
+
+    NgramMap(size_t size_n = Defaults::size_n, size_t size_m = Defaults::size_m, size_t min_hits = Defaults::min_hits,
+             bool k4v = Defaults::k4v)
         : n_(check_spec_size("size_n", size_n)), m_(check_spec_size("size_m", size_m)),
           min_hits_(check_spec_size("min_hits", min_hits, 1, 65535)), key_only_(!k4v), key_map_(kSlots, 0),
           occ_(size_n) {}

@@ -104,8 +104,16 @@ private:
 class NgramMod {
 public:
     // table: shared with other drafters; nullptr: a private table of the default size.
-    explicit NgramMod(std::shared_ptr<NgramModTable> table = nullptr, size_t n_match = 24, size_t n_min = 48,
-                      size_t n_max = 64)
+    // The options' (llama.cpp's) defaults, which the binding's keywords take and _core.defaults() reports
+    // (the package declares the same for its users; the tests compare the two).
+    struct Defaults {
+        static constexpr size_t n_match = 24;
+        static constexpr size_t n_min = 48;
+        static constexpr size_t n_max = 64;
+    };
+
+    explicit NgramMod(std::shared_ptr<NgramModTable> table = nullptr, size_t n_match = Defaults::n_match,
+                      size_t n_min = Defaults::n_min, size_t n_max = Defaults::n_max)
         : n_(check_spec_size("n_match", n_match)), n_min_(check_spec_size("n_min", n_min, 0)),
           n_max_(check_spec_size("n_max", n_max, 0)),
           table_(table ? std::move(table) : std::make_shared<NgramModTable>()) {

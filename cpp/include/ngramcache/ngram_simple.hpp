@@ -38,7 +38,14 @@ inline size_t check_spec_size(const char* name, size_t v, size_t lo = 1, size_t 
 
 class NgramSimple {
 public:
-    explicit NgramSimple(size_t size_n = 12, size_t size_m = 48)
+    // The options' (llama.cpp's) defaults, which the binding's keywords take and _core.defaults() reports
+    // (the package declares the same for its users; the tests compare the two).
+    struct Defaults {
+        static constexpr size_t size_n = 12;
+        static constexpr size_t size_m = 48;
+    };
+
+    explicit NgramSimple(size_t size_n = Defaults::size_n, size_t size_m = Defaults::size_m)
         : n_(check_spec_size("size_n", size_n)), m_(check_spec_size("size_m", size_m)), index_(size_n) {}
 
     size_t size_n() const { return n_; }

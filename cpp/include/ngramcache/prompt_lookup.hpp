@@ -32,7 +32,16 @@ public:
     enum class Match { first, recent };
     static constexpr int kMaxNgram = 64;
 
-    explicit PromptLookupDrafter(int max_ngram = 3, int min_ngram = 1, Match match = Match::first)
+    // The options' defaults, which the binding's keywords take and _core.defaults() reports
+    // (the package declares the same for its users; the tests compare the two).
+    struct Defaults {
+        static constexpr int max_ngram = 3;
+        static constexpr int min_ngram = 1;
+        static constexpr bool recent = false;  // Match::first
+    };
+
+    explicit PromptLookupDrafter(int max_ngram = Defaults::max_ngram, int min_ngram = Defaults::min_ngram,
+                                 Match match = Defaults::recent ? Match::recent : Match::first)
         : max_ngram_(max_ngram), min_ngram_(min_ngram), match_(match) {
         if (min_ngram < 1 || max_ngram < min_ngram || max_ngram > kMaxNgram)
             throw InputError("need 1 <= min_ngram <= max_ngram <= " + std::to_string(kMaxNgram) + ", got " +

@@ -40,7 +40,15 @@ class SuffixStore {
 public:
     // Stamps are 32-bit, counted from the oldest request held: when they would pass
     // stamp_limit (below 2^32 only in tests), they are all moved down.
-    explicit SuffixStore(size_t max_tokens = 1000000, size_t max_depth = 64, uint64_t stamp_limit = UINT32_MAX)
+    // The options' defaults, which the binding's keywords take and _core.defaults() reports
+    // (the package declares the same for its users; the tests compare the two).
+    struct Defaults {
+        static constexpr size_t max_tokens = 1000000;
+        static constexpr size_t max_depth = 64;
+    };
+
+    explicit SuffixStore(size_t max_tokens = Defaults::max_tokens, size_t max_depth = Defaults::max_depth,
+                         uint64_t stamp_limit = UINT32_MAX)
         : max_tokens_(max_tokens), stamp_limit_(std::min<uint64_t>(stamp_limit, UINT32_MAX)),
           trie_(check_depth(max_depth)) {
         if (max_tokens < 1) throw InputError("max_tokens must be >= 1, got 0");
@@ -126,8 +134,16 @@ private:
 // The sequence-protocol drafter (drafter_replay.hpp).
 class SuffixDrafter {
 public:
-    SuffixDrafter(size_t max_depth = 64, double alpha = 4.0, double min_prob = 0.1,
-                  std::shared_ptr<SuffixStore> store = nullptr)
+    // The options' defaults, which the binding's keywords take and _core.defaults() reports
+    // (the package declares the same for its users; the tests compare the two).
+    struct Defaults {
+        static constexpr size_t max_depth = SuffixStore::Defaults::max_depth;
+        static constexpr double alpha = 4.0;
+        static constexpr double min_prob = 0.1;
+    };
+
+    SuffixDrafter(size_t max_depth = Defaults::max_depth, double alpha = Defaults::alpha,
+                  double min_prob = Defaults::min_prob, std::shared_ptr<SuffixStore> store = nullptr)
         : depth_(SuffixStore::check_depth(max_depth)), alpha_(alpha), min_prob_(min_prob),
           store_(std::move(store)), trie_(depth_) {
         if (!(alpha > 0.0) || !std::isfinite(alpha))

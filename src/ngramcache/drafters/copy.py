@@ -10,6 +10,7 @@ from ngramcache.cache import NgramCache
 from ngramcache.decoding.gate import AdaptiveGate
 from ngramcache.drafters.base import CoreSequenceDrafter
 from ngramcache.drafters.lookup import NGRAM_MAX_OPTION, NGRAM_MIN, LookupCaches
+from ngramcache.defaults import N_DRAFT
 from ngramcache.drafters.options import Option
 
 __all__ = ["CopyDrafter"]
@@ -43,7 +44,7 @@ class CopyDrafter(LookupCaches, CoreSequenceDrafter):
     OPTIONS = (NGRAM_MIN, NGRAM_MAX_OPTION, MIN_MATCH, MAX_MATCH, MAX_CANDIDATES)
     ORDERED = (("ngram_min", "ngram_max"), ("min_match", "max_match"))
 
-    def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = 16,
+    def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = N_DRAFT,
                  ngram_min: int = NGRAM_MIN.default, ngram_max: int = NGRAM_MAX_OPTION.default,
                  gate: AdaptiveGate | None = None, min_match: int = MIN_MATCH.default,
                  max_match: int = MAX_MATCH.default, max_candidates: int = MAX_CANDIDATES.default):

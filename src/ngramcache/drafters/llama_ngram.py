@@ -34,6 +34,7 @@ from ngramcache._state_file import StateFormat
 from ngramcache._validate import INT32_MAX, as_tokens, check_int
 from ngramcache.decoding.gate import AdaptiveGate
 from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.defaults import N_DRAFT
 from ngramcache.drafters.options import Option, check_options
 
 __all__ = [
@@ -291,7 +292,7 @@ class NgramSimpleDrafter(CoreSequenceDrafter):
     _SOURCE = 1
     OPTIONS = SIMPLE_OPTIONS
 
-    def __init__(self, size_n: int = _SIMPLE["size_n"], size_m: int = _SIMPLE["size_m"], n_draft: int = 16,
+    def __init__(self, size_n: int = _SIMPLE["size_n"], size_m: int = _SIMPLE["size_m"], n_draft: int = N_DRAFT,
                  gate: AdaptiveGate | None = None):
         super().__init__(n_draft, gate)
         self._set_options(size_n=size_n, size_m=size_m)
@@ -306,7 +307,7 @@ class NgramMapDrafter(CoreSequenceDrafter):
     OPTIONS = MAP_OPTIONS
 
     def __init__(self, size_n: int = _MAP["size_n"], size_m: int = _MAP["size_m"], min_hits: int = _MAP["min_hits"],
-                 k4v: bool = _MAP["k4v"], n_draft: int = 16, gate: AdaptiveGate | None = None):
+                 k4v: bool = _MAP["k4v"], n_draft: int = N_DRAFT, gate: AdaptiveGate | None = None):
         super().__init__(n_draft, gate)
         self._set_options(size_n=size_n, size_m=size_m, min_hits=min_hits, k4v=k4v)
         self._impl = _core.NgramMapSequence(self.size_n, self.size_m, self.min_hits, self.k4v)
@@ -322,7 +323,7 @@ class NgramModDrafter(CoreSequenceDrafter):
     ORDERED = (("n_min", "n_max"),)
 
     def __init__(self, n_match: int = _MOD["n_match"], n_min: int = _MOD["n_min"], n_max: int = _MOD["n_max"],
-                 table: NgramModTable | None = None, n_draft: int = 16, gate: AdaptiveGate | None = None):
+                 table: NgramModTable | None = None, n_draft: int = N_DRAFT, gate: AdaptiveGate | None = None):
         super().__init__(n_draft, gate)
         self._set_options(n_match=n_match, n_min=n_min, n_max=n_max)
         self.table = _check_table(table)

@@ -10,6 +10,7 @@ from ngramcache._validate import NGRAM_MAX
 from ngramcache.cache import NgramCache
 from ngramcache.decoding.gate import AdaptiveGate
 from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.defaults import N_DRAFT
 from ngramcache.drafters.options import Option, OptionError
 from ngramcache.static_table import StaticTable
 
@@ -102,7 +103,7 @@ class LookupDrafter(LookupCaches, CoreSequenceDrafter):
     OPTIONS = (NGRAM_MIN, NGRAM_MAX_OPTION)
     ORDERED = (("ngram_min", "ngram_max"),)
 
-    def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = 8,
+    def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = N_DRAFT,
                  ngram_min: int = NGRAM_MIN.default, ngram_max: int = NGRAM_MAX_OPTION.default,
                  gate: AdaptiveGate | None = None):
         super().__init__(n_draft, gate)

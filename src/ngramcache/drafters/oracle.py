@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ngramcache._validate import as_tokens
+from ngramcache.defaults import N_DRAFT
 from ngramcache.drafters.base import SequenceDrafter
 
 __all__ = ["OracleDrafter"]
@@ -15,7 +16,7 @@ class OracleDrafter(SequenceDrafter):
     drafter can reach with the same verification costs. For benchmarks. Once the
     verified text departs from the continuation it proposes nothing."""
 
-    def __init__(self, continuation, n_draft: int = 8):
+    def __init__(self, continuation, n_draft: int = N_DRAFT):
         super().__init__(n_draft)
         self.continuation = as_tokens(continuation, "continuation")
         self._n_prompt = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ngramcache import _core
 from ngramcache.decoding.gate import AdaptiveGate
 from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.defaults import PROMPT_LOOKUP_N_DRAFT
 from ngramcache.drafters.options import Option
 
 __all__ = ["PromptLookupDrafter", "PROMPT_LOOKUP_MAX_NGRAM"]
@@ -39,8 +40,8 @@ class PromptLookupDrafter(CoreSequenceDrafter):
     OPTIONS = (MAX_NGRAM, MIN_NGRAM, MATCH)
     ORDERED = (("min_ngram", "max_ngram"),)
 
-    def __init__(self, max_ngram: int = MAX_NGRAM.default, min_ngram: int = MIN_NGRAM.default, n_draft: int = 10,
-                 match: str = MATCH.default, gate: AdaptiveGate | None = None):
+    def __init__(self, max_ngram: int = MAX_NGRAM.default, min_ngram: int = MIN_NGRAM.default,
+                 n_draft: int = PROMPT_LOOKUP_N_DRAFT, match: str = MATCH.default, gate: AdaptiveGate | None = None):
         super().__init__(n_draft, gate)
         self._set_options(max_ngram=max_ngram, min_ngram=min_ngram, match=match)
         self._impl = _core.PromptLookupDrafter(self.max_ngram, self.min_ngram, self.match == "recent")

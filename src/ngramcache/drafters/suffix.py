@@ -18,6 +18,7 @@ from ngramcache._state_file import StateFormat
 from ngramcache._validate import as_tokens, check_int
 from ngramcache.decoding.gate import AdaptiveGate
 from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.defaults import N_DRAFT
 from ngramcache.drafters.options import Option
 
 __all__ = ["SuffixDrafter", "SuffixStore", "SUFFIX_MAX_DEPTH"]
@@ -159,7 +160,7 @@ class SuffixDrafter(CoreSequenceDrafter):
     _SOURCE = 2
     OPTIONS = (MAX_DEPTH, ALPHA, MIN_PROB)
 
-    def __init__(self, n_draft: int = 16, max_depth: int = MAX_DEPTH.default, alpha: float = ALPHA.default,
+    def __init__(self, n_draft: int = N_DRAFT, max_depth: int = MAX_DEPTH.default, alpha: float = ALPHA.default,
                  min_prob: float = MIN_PROB.default, store: SuffixStore | None = None,
                  gate: AdaptiveGate | None = None):
         super().__init__(n_draft, gate)
