@@ -129,6 +129,57 @@ class RejectingDrafter:
         self.seq.extend(int(t) for t in tokens)
 
 
+# the serving engine's fake backend: next_token's text, a decode that may wait or be held
+SERVING_VOCAB = 64
+
+
+class ServingFakeModel:
+    """A Backend whose next token is ``conftest.next_token`` of the prefix. ``delay``:
+    seconds each decode takes; ``hold``: an Event every decode waits for (a model stuck
+    in a decode)."""
+
+    def __init__(self, n_ctx: int = 4096, delay: float = 0.0, hold: threading.Event | None = None):
+        self.n_vocab, self.n_ctx, self.n_batch = SERVING_VOCAB, n_ctx, 16
+        self.delay, self.hold = delay, hold
+        self.kv: list[int] = []
+        self.rows: dict[int, np.ndarray] = {}
+
+    def tokenize(self, prompt):
+        if isinstance(prompt, str):
+            return np.frombuffer(prompt.encode(), dtype=np.uint8).astype(np.int32) % SERVING_VOCAB
+        return np.asarray(prompt, dtype=np.int32)
+
+    def clear(self):
+        self.kv, self.rows = [], {}
+
+    def decode(self, tokens, pos0, logits_from):
+        if self.hold is not None:
+            self.hold.wait()
+        if self.delay:
+            time.sleep(self.delay)
+        assert pos0 == len(self.kv)
+        self.rows = {}
+        for i, t in enumerate(tokens):
+            self.kv.append(int(t))
+            if i >= logits_from:
+                row = np.zeros(SERVING_VOCAB, dtype=np.float32)
+                row[next_token(self.kv)] = 10.0
+                self.rows[i] = row
+        assert len(self.kv) <= self.n_ctx
+
+    def logits(self, i):
+        return self.rows[i]
+
+    def truncate(self, pos):
+        del self.kv[pos:]
+
+    def is_eog(self, tok):
+        return False
+
+    def piece(self, tok):
+        return f"<{tok}>".encode()
+
+
 # --- replay through a drafter's Python API -------------------------------------------------
 
 def python_replay(d, toks: np.ndarray, n_ctx: int, n_draft: int) -> dict:

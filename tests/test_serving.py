@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PROMPT, next_token, reference
+from conftest import PROMPT, reference
 from ngramcache import CacheFormatError, NgramCache
 from ngramcache._state_file import VocabularyMismatchError
 from ngramcache.serving import Engine, Job, Memory
@@ -21,62 +21,15 @@ from ngramcache.serving.engine import resolve_speculative
 from ngramcache.serving.errors import (CancelledError, ContextOverflowError, QueueFullError, RequestError,
                                        ShuttingDownError)
 from ngramcache.serving.stop_filter import StopFilter
+from support import SERVING_VOCAB, ServingFakeModel
 
 FP = bytes(range(32))
 V = 1000
-V_FAKE = 64
-
-
-class FakeModel:
-    """A Backend whose next token is ``conftest.next_token`` of the prefix. ``delay``:
-    seconds each decode takes; ``hold``: an Event every decode waits for (a model stuck
-    in a decode)."""
-
-    def __init__(self, n_ctx: int = 4096, delay: float = 0.0, hold: threading.Event | None = None):
-        self.n_vocab, self.n_ctx, self.n_batch = V_FAKE, n_ctx, 16
-        self.delay, self.hold = delay, hold
-        self.kv: list[int] = []
-        self.rows: dict[int, np.ndarray] = {}
-
-    def tokenize(self, prompt):
-        if isinstance(prompt, str):
-            return np.frombuffer(prompt.encode(), dtype=np.uint8).astype(np.int32) % V_FAKE
-        return np.asarray(prompt, dtype=np.int32)
-
-    def clear(self):
-        self.kv, self.rows = [], {}
-
-    def decode(self, tokens, pos0, logits_from):
-        if self.hold is not None:
-            self.hold.wait()
-        if self.delay:
-            time.sleep(self.delay)
-        assert pos0 == len(self.kv)
-        self.rows = {}
-        for i, t in enumerate(tokens):
-            self.kv.append(int(t))
-            if i >= logits_from:
-                row = np.zeros(V_FAKE, dtype=np.float32)
-                row[next_token(self.kv)] = 10.0
-                self.rows[i] = row
-        assert len(self.kv) <= self.n_ctx
-
-    def logits(self, i):
-        return self.rows[i]
-
-    def truncate(self, pos):
-        del self.kv[pos:]
-
-    def is_eog(self, tok):
-        return False
-
-    def piece(self, tok):
-        return f"<{tok}>".encode()
 
 
 def _engine(model=None, **kw) -> Engine:
     kw.setdefault("adaptive", False)
-    return Engine(model if model is not None else FakeModel(), **kw)
+    return Engine(model if model is not None else ServingFakeModel(), **kw)
 
 
 def _text(tokens) -> str:
@@ -189,7 +142,7 @@ def test_a_request_s_drafter_options_reach_its_drafter():
 
 
 def test_submit_raises_typed_errors_that_carry_status_and_param():
-    engine = _engine(FakeModel(n_ctx=100))
+    engine = _engine(ServingFakeModel(n_ctx=100))
     try:
         cases = [(Job(prompt=np.zeros(0, np.int32), max_tokens=4), RequestError, "prompt"),
                  (Job(prompt=np.ones(100, np.int32), max_tokens=0), ContextOverflowError, "prompt"),
@@ -206,7 +159,7 @@ def test_submit_raises_typed_errors_that_carry_status_and_param():
             engine.submit(cases[2][0])
         assert e.value.code == "context_length_exceeded"
         with pytest.raises(RequestError, match="beyond the vocabulary") as e:
-            engine.check_tokens([1, V_FAKE])
+            engine.check_tokens([1, SERVING_VOCAB])
         assert e.value.param == "prompt"
     finally:
         engine.close(timeout=30)
@@ -214,7 +167,7 @@ def test_submit_raises_typed_errors_that_carry_status_and_param():
 
 def test_a_full_queue_refuses_with_503():
     hold = threading.Event()
-    engine = _engine(FakeModel(hold=hold), max_queue=2)
+    engine = _engine(ServingFakeModel(hold=hold), max_queue=2)
     try:
         jobs = [engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=3))]
         deadline = time.monotonic() + 10
@@ -234,7 +187,7 @@ def test_a_full_queue_refuses_with_503():
 
 def test_close_drains_for_a_bounded_time_then_stops_the_running_job(tmp_path):
     path = tmp_path / "memory.bin"
-    engine = _engine(FakeModel(delay=0.005), memory=Memory(max_tokens=10_000, mod_size=256), memory_path=path)
+    engine = _engine(ServingFakeModel(delay=0.005), memory=Memory(max_tokens=10_000, mod_size=256), memory_path=path)
     short = engine.run(Job(prompt=np.array(PROMPT, np.int32), max_tokens=5), timeout=60)
     assert short.n_tokens == 5
     running = engine.submit(Job(prompt=np.array(PROMPT, np.int32), max_tokens=3000))
@@ -251,13 +204,13 @@ def test_close_drains_for_a_bounded_time_then_stops_the_running_job(tmp_path):
     with pytest.raises(ShuttingDownError):
         engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=3))
     # the memory was saved by the worker as it stopped: the finished request, not the stopped one
-    back = Memory.load(path, V_FAKE, engine.fingerprint())
+    back = Memory.load(path, SERVING_VOCAB, engine.fingerprint())
     assert back.n_requests == 1 and back.n_tokens == len(PROMPT) + 5
     assert engine.close(timeout=1)  # again: nothing more to do
 
 
 def test_close_waits_for_the_running_job_when_it_finishes_in_time():
-    engine = _engine(FakeModel(delay=0.002))
+    engine = _engine(ServingFakeModel(delay=0.002))
     job = engine.submit(Job(prompt=np.array(PROMPT, np.int32), max_tokens=20))
     while engine.running is None and not job.done.is_set():
         time.sleep(0.001)
@@ -267,7 +220,7 @@ def test_close_waits_for_the_running_job_when_it_finishes_in_time():
 
 def test_close_gives_up_on_a_stuck_model_and_says_the_memory_is_not_saved(tmp_path, caplog):
     hold = threading.Event()
-    engine = _engine(FakeModel(hold=hold), memory=Memory(max_tokens=1000, mod_size=64),
+    engine = _engine(ServingFakeModel(hold=hold), memory=Memory(max_tokens=1000, mod_size=64),
                      memory_path=tmp_path / "m.bin")
     job = engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=3))
     while engine.running is None:
@@ -284,7 +237,7 @@ def test_close_gives_up_on_a_stuck_model_and_says_the_memory_is_not_saved(tmp_pa
 
 def test_a_cancelled_job_that_never_started_ends_with_cancelled_error():
     hold = threading.Event()
-    engine = _engine(FakeModel(hold=hold))
+    engine = _engine(ServingFakeModel(hold=hold))
     try:
         first = engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=2))
         second = engine.submit(Job(prompt=np.ones(4, np.int32), max_tokens=2))
