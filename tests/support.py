@@ -309,7 +309,8 @@ class Server:
             with urllib.request.urlopen(req, timeout=120) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+            with e:  # its socket, closed now rather than by the garbage collector
+                return e.code, json.loads(e.read())
 
     def metric(self, name: str) -> float:
         m = re.search(rf"^{name} (\S+)$", self.get("/metrics"), re.M)
