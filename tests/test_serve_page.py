@@ -88,11 +88,29 @@ class _Fake(BaseHTTPRequestHandler):
     bodies: list = []
     release = threading.Event()  # lets a held stream ("gate") go on
     disconnects = 0  # held streams ("hold") whose client went away
+    key: str | None = None  # the API key the stand-in asks for, as serve --api-key-file does
+    keys_seen: list = []  # the Authorization header of each API call
 
     def log_message(self, *args):
         pass
 
+    def _refused(self) -> bool:
+        """Answer 401 when the stand-in has a key and the call does not carry it."""
+        if self.path == "/":
+            return False
+        self.keys_seen.append(self.headers.get("Authorization"))
+        if _Fake.key is None or self.headers.get("Authorization") == f"Bearer {_Fake.key}":
+            return False
+        if self.command == "POST":
+            self.rfile.read(int(self.headers["Content-Length"]))
+        msg = {"error": {"message": "no API key was given", "type": "invalid_request_error", "param": None,
+                         "code": "invalid_api_key"}}
+        self._send(401, "application/json", json.dumps(msg).encode())
+        return True
+
     def do_GET(self):
+        if self._refused():
+            return
         if self.path == "/":
             self._send(200, "text/html; charset=utf-8", PAGE.encode("utf-8"))
         elif self.path == "/v1/models":
@@ -101,6 +119,8 @@ class _Fake(BaseHTTPRequestHandler):
             self._send(404, "application/json", b'{"error": {"message": "not found"}}')
 
     def do_POST(self):
+        if self._refused():
+            return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.bodies.append(body)
         last = body["messages"][-1]["content"]
@@ -414,3 +434,72 @@ def test_layout_holds(browser, fake, tmp_path, name, width, height, mobile):
         assert pd.js(browser, "document.getElementById('log').scrollTop") > 0
     finally:
         browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+# --- the API key, and rendering that does not grow with the answer ---------------------------
+
+
+def test_the_page_asks_for_the_key_once(browser, fake):
+    from selenium.webdriver.support import expected_conditions as ec
+
+    _Fake.key = "sesame"
+    _Fake.keys_seen = []
+    try:
+        browser.get(fake + "/")
+        alert = pd.wait(browser, ec.alert_is_present(), 30)
+        assert "API key" in alert.text
+        alert.send_keys("sesame")
+        alert.accept()
+        pd.wait(browser, lambda d: pd.text_of(pd.find(d, "#model")) == "stand-in", 30)
+        for text in ("first", "second"):  # no more questions: the key is kept for the tab
+            turn = pd.say(browser, text)
+            assert turn is not None and turn.get_attribute("data-state") == "done"
+        assert _Fake.keys_seen[0] is None and set(_Fake.keys_seen[1:]) == {"Bearer sesame"}
+        assert len(_Fake.keys_seen) == 4  # models refused, models, two chats
+    finally:
+        _Fake.key = None
+        browser.execute_script("sessionStorage.clear()")
+
+
+def _render_ms(driver, text: str) -> float:
+    """The page's own renderer on ``text``: the best of three, in milliseconds."""
+    return pd.js(driver, """(() => {
+      const text = arguments[0], marks = new Uint8Array(text.length), box = document.createElement("div");
+      let best = Infinity;
+      for (let k = 0; k < 3; k++) {
+        const t0 = performance.now();
+        renderMarkdown(box, text, marks);
+        best = Math.min(best, performance.now() - t0);
+      }
+      return best;
+    })()""", text)
+
+
+@pytest.mark.parametrize("unit", ["*a ", "_a ", "[a](", "``a `", "[", "**a *b "])
+def test_markdown_renders_in_linear_time(browser, fake, unit):
+    # eight times the text: about eight times the work, not sixty-four (each opener used to
+    # look for its closer to the end of the text: "*a " x 4000 took a quarter of a second)
+    pd.open_page(browser, fake, "stand-in")
+    small, large = (_render_ms(browser, unit * n) for n in (4000, 32000))
+    assert large < 20 * max(small, 1.0), (unit, small, large)
+
+
+def test_a_streaming_answer_renders_only_what_changed(browser, fake):
+    pd.open_page(browser, fake, "stand-in")
+    same, kept, count, whole, incremental = pd.js(browser, """(() => {
+      const box = document.createElement("div"), a = new Answer(box);
+      a.add("First paragraph with **bold**.\n\n", false);
+      a.add("- an item\n- another\n\n```\ncode\n\nmore code\n", true);
+      a.add("```\n\nThird", false);
+      a.render();
+      const first = box.firstChild;
+      first.dataset.seen = "yes";
+      for (let k = 0; k < 50; k++) a.add(" words, and more words\n\nPara " + k, k % 2 === 0);
+      a.render();
+      const same = box.firstChild === first && box.childNodes[1].tagName === "UL";
+      const incremental = box.innerHTML;
+      a.render(true);
+      return [same, first.dataset.seen, box.childNodes.length, box.innerHTML, incremental];
+    })()""")
+    assert same and kept == "yes" and count == 54
+    assert incremental == whole  # what was kept is what a whole render gives

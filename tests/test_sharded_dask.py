@@ -236,6 +236,24 @@ def test_ctrl_c_stops_the_run_with_one_line_and_no_worker_tracebacks(tmp_path):
     assert not out.exists() and _hidden(tmp_path) == []
 
 
+def test_sigterm_stops_the_run_closes_the_cluster_and_removes_the_spool(tmp_path):
+    corpus = _long_corpus(tmp_path)
+    out = tmp_path / "out.ngst"
+    out.write_bytes(b"the previous output")
+    proc = _start_create(tmp_path, corpus, out)
+    try:
+        _wait_for_a_spooled_run(proc, tmp_path)
+        proc.send_signal(signal.SIGTERM)  # to the command alone, as `kill PID` sends it
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 143
+    assert stderr == "ngramcache create: terminated\n"  # no "leaked semaphore objects", no traceback
+    assert out.read_bytes() == b"the previous output" and _hidden(tmp_path) == []
+
+
 def test_local_workers_ignore_sigint_also_after_a_restart(client):
     def handler():
         return signal.getsignal(signal.SIGINT) == signal.SIG_IGN

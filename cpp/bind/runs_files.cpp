@@ -31,6 +31,9 @@ void register_atomic_file(py::module_& m) {
         .def_property_readonly("temp_name", [](const AtomicFile& f) { return py::bytes(f.temp_name()); })
         .def("commit", &AtomicFile::commit, py::call_guard<py::gil_scoped_release>())
         .def("abort", &AtomicFile::abort);
+    // A command's Ctrl-C: no save renames its file after stop_saves() returns (atomic_file.hpp).
+    m.def("stop_saves", &stop_saves, py::call_guard<py::gil_scoped_release>());
+    m.def("resume_saves", &resume_saves);
 }
 
 ReplayResult replay_py(const Tokens& tokens, size_t n_ctx, size_t n_draft, const StaticArg& static_obj,

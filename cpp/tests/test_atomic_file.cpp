@@ -120,6 +120,49 @@ TEST(an_aborted_save_leaves_the_file_as_it_was) {
     CHECK_EQ(dir.listing(), std::vector<std::string>{"cache.bin"});
 }
 
+TEST(a_stop_fails_every_save_before_its_rename_and_none_after) {
+    test::TempDir dir;
+    const std::string path = dir.file("cache.bin");
+    save(path, "old");
+    for (const bool named : {false, true}) {
+        AtomicFile writing(path, named);  // stopped while it writes
+        writing.write("new", 3);
+        stop_saves();
+        CHECK_THROWS_AS(writing.write("more", 4), PathError, "the save was stopped");
+        resume_saves();
+        AtomicFile committing(path, named);  // stopped before its commit
+        committing.write("new", 3);
+        stop_saves();
+        CHECK_THROWS_AS(committing.commit(), PathError, "the save was stopped");
+        CHECK_THROWS_AS(save(path, "new"), PathError, "the save was stopped");  // not even begun
+        resume_saves();
+    }
+    CHECK_EQ(contents(path), std::string("old"));
+    CHECK_EQ(dir.listing(), std::vector<std::string>{"cache.bin"});
+    AtomicFile done(path);  // committed before the stop: the stop changes nothing
+    done.write("new", 3);
+    done.commit();
+    stop_saves();
+    resume_saves();
+    CHECK_EQ(contents(path), std::string("new"));
+    // a stop from another thread while a long save writes: either it failed, the old file
+    // whole, or it had renamed first and the new file is whole; never a temporary left
+    const std::string big(size_t(64) << 20, 'x');
+    std::atomic<bool> failed{false};
+    std::thread writer([&] {
+        try {
+            save(path, big);
+        } catch (const PathError& e) {
+            failed = e.err() == ECANCELED;
+        }
+    });
+    stop_saves();
+    writer.join();
+    resume_saves();
+    CHECK(contents(path) == (failed ? std::string("new") : big));
+    CHECK_EQ(dir.listing(), std::vector<std::string>{"cache.bin"});
+}
+
 TEST(a_killed_writer_leaves_the_old_file_and_the_next_save_removes_its_temporary) {
     test::TempDir dir;
     const std::string path = dir.file("cache.bin");

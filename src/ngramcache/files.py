@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 from typing import Iterable
 
@@ -20,7 +21,7 @@ from ngramcache import _core
 from ngramcache._validate import as_tokens
 
 __all__ = ["NGST_MAGIC", "atomic_open", "cache_format", "open_cache", "load_counts", "expand_inputs",
-           "read_tokens_file", "write_tokens_file"]
+           "read_tokens_file", "write_tokens_file", "check_regular_file"]
 
 # The first bytes of an ngramcache static table (docs/format.md). A llama.cpp lookup.bin
 # has no header: it starts with a token id, whose bytes never spell "NGST" for a real
@@ -30,15 +31,47 @@ NGST_EXT = ".ngst"
 
 
 # ----------------------------------------------------------------------------------------
+# Input files
+# ----------------------------------------------------------------------------------------
+
+_KINDS = ((stat.S_ISFIFO, "a pipe (FIFO)"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def check_regular_file(path: str | os.PathLike, what: str = "file") -> None:
+    """Refuse at once, naming ``path``, an input that is not a regular file (symbolic
+    links followed): ``FileNotFoundError`` (a dangling link says where it points),
+    ``IsADirectoryError``, or ``ValueError`` for a pipe, device or socket. Opening a pipe
+    waits for a writer and a device can be read forever; every input of this package is
+    read with its size known, so each of them must be a file. ``what`` names it in the
+    message (a "token file", "cache file")."""
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise FileNotFoundError(2, f"a symbolic link to {os.readlink(path)}, which does not exist",
+                                    path) from None
+        raise
+    if stat.S_ISREG(st.st_mode):
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(21, f"is a directory, not a {what}", path)
+    kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+    raise ValueError(f"{path}: is {kind}, not a regular {what}: inputs are read with their size known, so save it to "
+                     f"a file first")
+
+
+# ----------------------------------------------------------------------------------------
 # Cache files
 # ----------------------------------------------------------------------------------------
 
 def cache_format(path: str | os.PathLike) -> str:
     """``"ngst"`` for an ngramcache static table (by its magic; an empty ``.ngst`` file
-    too, so that opening it says what is wrong with it), else ``"llama"``."""
+    too, so that opening it says what is wrong with it), else ``"llama"``. A path that is
+    not a regular file is refused (``check_regular_file``)."""
     path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(21, "is a directory, not a cache file", path)
+    check_regular_file(path, "cache file")
     with open(path, "rb") as f:  # FileNotFoundError names the path
         magic = f.read(len(NGST_MAGIC))
     if magic == NGST_MAGIC or (not magic and os.path.splitext(path)[1].lower() == NGST_EXT):
@@ -96,10 +129,9 @@ def expand_inputs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[
                             found.append(fp)
             for fp in sorted(found, key=lambda x: x.relative_to(p).parts):
                 (skipped if _is_binary(fp) else files).append(fp)
-        elif p.is_file():
+        elif p.exists() or p.is_symlink():
+            check_regular_file(p, "file or directory")
             files.append(p)
-        elif p.exists():
-            raise ValueError(f"{p}: not a regular file or directory")
         else:
             raise FileNotFoundError(f"{p}: no such file or directory")
     return files, skipped
@@ -119,6 +151,7 @@ def read_tokens_file(path: str | os.PathLike) -> np.ndarray:
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ValueError(f"{path}: is a directory, not a token file")
+    check_regular_file(path, "token file")
     with open(path, "rb") as f:
         head = f.read(len(_NPY_MAGIC))
     if head == _NPY_MAGIC:

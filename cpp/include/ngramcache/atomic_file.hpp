@@ -28,14 +28,22 @@
 //  - Two threads or processes may save the same target at once: each has its own
 //    temporary file and the last rename wins, leaving one complete file.
 //  - Errors are PathError: an errno, a message and the path asked for.
+//  - stop_saves() stops every save of the process, from any thread (a command's Ctrl-C):
+//    once it returns, no save renames its file any more. A save in progress fails with
+//    ECANCELED at its next write or at its commit, its temporary file removed, the target
+//    left as it was; a save whose rename had begun has finished it. So the caller learns
+//    for certain whether its output was replaced: the save returned, or it failed.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -164,7 +172,26 @@ inline std::string follow_links(const std::string& path) {
     }
 }
 
+// The stop of stop_saves(): the flag, and the lock a rename holds so that a stop waits for
+// a rename under way rather than passing it.
+inline std::atomic<bool>& saves_stopped() {
+    static std::atomic<bool> stopped{false};
+    return stopped;
+}
+inline std::mutex& rename_lock() {
+    static std::mutex lock;
+    return lock;
+}
+
 }  // namespace detail
+
+// Stops every save of this process (see the top of this file); resume_saves() lets saves
+// run again.
+inline void stop_saves() {
+    std::lock_guard<std::mutex> hold(detail::rename_lock());
+    detail::saves_stopped().store(true);
+}
+inline void resume_saves() { detail::saves_stopped().store(false); }
 
 // One save of one file: the constructor opens the temporary file (fd() writes to it),
 // commit() puts it in place, abort() (or the destructor) throws it away. Not copyable; use
@@ -175,6 +202,7 @@ public:
     explicit AtomicFile(const std::string& path, bool named_temp = false) : asked_(path) {
         check_path(path);
         if (path.empty()) throw PathError(ENOENT, "no file name given", path);
+        if (detail::saves_stopped().load()) throw PathError(ECANCELED, "the save was stopped", path);
         target_ = detail::follow_links(path);
         folder_ = detail::folder_of(target_);
         name_ = detail::name_of(target_);
@@ -204,7 +232,9 @@ public:
         require_open();
         const char* p = static_cast<const char*>(data);
         while (size > 0) {
-            const ssize_t w = ::write(fd_, p, size);
+            // in pieces, so that a stop is seen within one piece's time
+            if (detail::saves_stopped().load()) fail(ECANCELED, "the save was stopped: ");
+            const ssize_t w = ::write(fd_, p, std::min(size, kPiece));
             if (w < 0) {
                 if (errno == EINTR) continue;
                 fail(errno, "cannot write: ");
@@ -218,12 +248,17 @@ public:
         require_open();
         keep_attributes();
         if (::fsync(fd_) != 0) fail(errno, "cannot write: ");
-        if (temp_.empty()) link_anonymous();
-        const int fd = fd_;
-        fd_ = -1;
-        if (::close(fd) != 0) fail(errno, "cannot write: ");
-        if (::renameat(dir_, temp_.c_str(), dir_, name_.c_str()) != 0)
-            fail(errno, "cannot replace it: ");
+        {
+            // a stop comes before this point (the save fails) or after the rename
+            std::lock_guard<std::mutex> hold(detail::rename_lock());
+            if (detail::saves_stopped().load()) fail(ECANCELED, "the save was stopped: ");
+            if (temp_.empty()) link_anonymous();
+            const int fd = fd_;
+            fd_ = -1;
+            if (::close(fd) != 0) fail(errno, "cannot write: ");
+            if (::renameat(dir_, temp_.c_str(), dir_, name_.c_str()) != 0)
+                fail(errno, "cannot replace it: ");
+        }
         temp_.clear();
         // Best effort: some file systems refuse to sync a folder (or the folder was opened
         // for search only), and the data itself is on disk already.
@@ -243,6 +278,8 @@ public:
     }
 
 private:
+    static constexpr size_t kPiece = size_t(16) << 20;
+
     [[noreturn]] void fail(int err, const std::string& what) {
         abort();
         throw PathError(err, what + detail::errno_text(err), asked_);

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from ngramcache.cli._common import UsageError, check_output_path, check_ranges
+from ngramcache.cli._common import RunError, UsageError, check_output_path, check_ranges
 from ngramcache.cli._drafters import add_draft_length_flag, add_drafter_flags, check_draft_length, drafter_options
 from ngramcache.cli._inputs import add_model_flag
 from ngramcache.defaults import N_DRAFT
@@ -58,6 +58,18 @@ def add_engine_flags(p, chat: bool = False) -> None:
                    help=say["no-memory"])
 
 
+def _check_memory_path(path: str) -> None:
+    """--memory is read at start and saved while serving: anything that would make the
+    read hang (a pipe) or every save fail (a link to nowhere) stops the start."""
+    from ngramcache.files import check_regular_file
+
+    if os.path.islink(path) and not os.path.exists(path):
+        raise RunError(f"--memory {path}: a symbolic link to {os.readlink(path)}, which does not exist")
+    if os.path.exists(path):
+        check_regular_file(path, "memory file")
+    check_output_path(path)
+
+
 def build_engine(args, model_default: str = DEFAULT_MODEL):
     """The engine the flags describe (loads the model: seconds)."""
     import ngramcache.integrations.llama as nl
@@ -75,7 +87,7 @@ def build_engine(args, model_default: str = DEFAULT_MODEL):
     if args.memory and args.no_memory:
         raise UsageError("--memory and --no-memory contradict each other")
     if args.memory and not args.no_memory:
-        check_output_path(args.memory)  # saved while serving: fail now, not at the first save
+        _check_memory_path(args.memory)
     options = drafter_options(args)
     template = None
     if args.chat_template_file:

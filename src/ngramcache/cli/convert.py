@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ngramcache.cli import _stop
 from ngramcache.cli._caches import add_format_flag, counts, finish, output_format, write_cache
 from ngramcache.cli._common import Timer, UsageError, add_output_flags, check_output_path, command_parser
 
@@ -50,7 +51,7 @@ def run(args) -> int:
             if isinstance(cache, StaticTable):
                 cache.verify()  # opening checks only the header; a copy must not carry damage on
     with timer.stage("write"):
-        write_cache(cache, args.output, fmt)
+        _stop.save(write_cache, cache, args.output, fmt)
     summary = {"command": "convert", "input": args.input, "input_format": in_fmt, **counts(cache),
                "output": args.output, "format": fmt, "file_bytes": os.path.getsize(args.output)}
     return finish(args, summary, timer)

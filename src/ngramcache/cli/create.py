@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ngramcache.cli import _stop
 from ngramcache.cli._caches import add_format_flag, counts, finish, output_format, write_cache
 from ngramcache.cli._common import Timer, UsageError, add_output_flags, check_output_path, check_ranges, command_parser, note
 from ngramcache.cli._inputs import add_text_input, check_text_input, read_text_input, text_files
@@ -87,6 +88,11 @@ def _count_ngst(tokens, quiet: bool):
     return table
 
 
+def _write(cache, path: str, fmt: str) -> None:
+    _stop.pause_point("writing")
+    write_cache(cache, path, fmt)
+
+
 def _sharded(args) -> bool:
     """Whether counting runs on Dask workers; checks the flags that go with it."""
     check_ranges(args, [("workers", 1, "--workers must be at least 1"),
@@ -129,7 +135,7 @@ def _run_sharded(args, fmt: str) -> int:
             result = create_sharded(files, args.output, fmt, client, tokenizer_spec=tok.spec,
                                     escape=not args.no_escape, piece_bytes=args.piece_size,
                                     shard_bytes=args.shard_size, ngram_size=NGRAM_SIZE, progress=bar,
-                                    timer=timer)
+                                    timer=timer, save=_stop.save)
     finally:
         with timer.stage("disconnect" if args.scheduler else "stop cluster"):
             close_client(client)
@@ -169,10 +175,11 @@ def run(args) -> int:
     if tokens.size <= NGRAM_SIZE:
         note(args, f"create: warning: only {tokens.size} tokens, too few for any {NGRAM_SIZE}-gram; "
                    f"the cache will be empty")
+    _stop.pause_point("counting")
     with timer.stage("count"):
         cache = (_count_llama if fmt == "llama" else _count_ngst)(tokens, args.quiet)
     with timer.stage("write"):
-        write_cache(cache, args.output, fmt)
+        _stop.save(_write, cache, args.output, fmt)
     summary.update(counts(cache))
     summary.update(output=args.output, format=fmt, file_bytes=os.path.getsize(args.output))
     return finish(args, summary, timer, children=not args.tokens)

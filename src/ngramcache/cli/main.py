@@ -24,7 +24,9 @@ DESCRIPTION = "Draft-free speculative decoding with llama.cpp-compatible n-gram 
 EPILOG = """\
 'ngramcache COMMAND --help' describes a command, docs/cli.md all of them.
 exit status: 0 ok, 1 a failure (one line on stderr says what), 2 bad arguments
-or an unusable input, 130 interrupted."""
+or an unusable input, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
+# The commands that write a file: a signal stops them cleanly and truthfully (cli/_stop.py).
+WRITERS = ("create", "merge", "convert")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from ngramcache.cli import _stop
+
+    if args.command in WRITERS:
+        _stop.install()
     try:
         return int(args.run(args) or 0)
     except InputError as e:
@@ -71,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         args._parser.print_usage(sys.stderr)
         return _fail(args, str(e), 2)
+    except _stop.Terminated:
+        print(f"ngramcache {args.command}: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"ngramcache {args.command}: interrupted", file=sys.stderr)
         return 130

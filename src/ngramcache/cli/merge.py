@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ngramcache.cli import _stop
 from ngramcache.cli._caches import add_format_flag, finish, output_format
 from ngramcache.cli._common import Timer, UsageError, add_output_flags, check_output_path, command_parser
 
@@ -32,6 +33,34 @@ def add_parser(sub) -> None:
     add_output_flags(p)
 
 
+class _Sorting:
+    """The progress of the inputs' reading and sorting, with the point a test can hold the
+    merge at ("sorting": after the first input's sorted run is written)."""
+
+    def __init__(self, bar):
+        self.bar = bar
+        self.done = 0
+
+    def update(self, n: int) -> None:
+        self.bar.update(n)
+        self.done += n
+        if self.done == n:
+            _stop.pause_point("sorting")
+
+
+class _Stages:
+    """The merge's timer, with the point a test can hold it at ("writing": the output's
+    merge begins)."""
+
+    def __init__(self, timer):
+        self.timer = timer
+
+    def stage(self, name: str):
+        if name == "merge":
+            _stop.pause_point("writing")
+        return self.timer.stage(name)
+
+
 def run(args) -> int:
     from ngramcache.files import cache_format
     from ngramcache.progress import Progress
@@ -45,7 +74,8 @@ def run(args) -> int:
     formats = [cache_format(p) for p in inputs]  # every input checked before the slow part
     timer = Timer()
     with Progress(total=len(inputs), desc="reading", unit="files", quiet=args.quiet) as bar:
-        figures = merge_cache_files(inputs, out, fmt, progress=bar, timer=timer)
+        # the whole merge writes: its sorted runs, then the output (a stop ends either)
+        figures = _stop.save(merge_cache_files, inputs, out, fmt, progress=_Sorting(bar), timer=_Stages(timer))
     summary = {"command": "merge", "inputs": inputs, "input_formats": formats, **figures,
                "output": out, "format": fmt, "file_bytes": os.path.getsize(out)}
     return finish(args, summary, timer)

@@ -73,6 +73,17 @@ def add_parser(sub) -> None:
     add_output_flags(p, "every figure", group=o)
 
 
+def _check_caches(args) -> None:
+    """-lcs and -lcd, refused before any tokenizing when they are there but not files (a
+    pipe would hang the replay, a device never end it); a missing one is the replay's to
+    report, in llama.cpp's words."""
+    from ngramcache.files import check_regular_file
+
+    for path in (args.lookup_cache_static, args.lookup_cache_dynamic):
+        if path is not None and os.path.exists(path):
+            check_regular_file(path, "cache file")
+
+
 def run(args) -> int:
     from ngramcache.progress import Progress, fmt_seconds
     from ngramcache.replays import replay, replay_drafter
@@ -97,6 +108,7 @@ def run(args) -> int:
                            "pip install 'ngramcache[plot]' (or pip install matplotlib)") from None
         check_output_path(args.plot)
 
+    _check_caches(args)
     timer = Timer()
     tokens, _ = read_text_input(args, timer)
     if args.files:

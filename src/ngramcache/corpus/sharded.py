@@ -333,12 +333,15 @@ def _describe(shard: Shard) -> str:
 
 def create_sharded(files: Sequence[str | os.PathLike], out: str | os.PathLike, fmt: str, client, *,
                    tokenizer_spec: tuple[str, str], escape: bool = True, piece_bytes: int | None = None,
-                   shard_bytes: int | None = None, ngram_size: int = 2, progress=None, timer=None) -> dict:
+                   shard_bytes: int | None = None, ngram_size: int = 2, progress=None, timer=None,
+                   save=None) -> dict:
     """Count ``files`` on the workers of ``client`` and write the static cache ``out``
     (``fmt``: "ngst" or "llama"), byte for byte what the single-process ``create``
     writes. Returns {"tokens", "shards", "keys", "entries", "total_count"}.
     ``progress.update(n_bytes)`` is called as each shard's run arrives; ``timer`` (a
-    ``Timer`` of ngramcache.commands) times the stages "count shards" and "merge"."""
+    ``Timer`` of ngramcache.commands) times the stages "count shards" and "merge".
+    ``save(fn, *args, **kwargs)`` runs the final merge, which writes ``out`` (default: a
+    plain call; the command passes one that Ctrl-C stops before the rename)."""
     from ngramcache.corpus.text import DEFAULT_PIECE_BYTES
 
     if fmt not in ("ngst", "llama"):
@@ -363,9 +366,13 @@ def create_sharded(files: Sequence[str | os.PathLike], out: str | os.PathLike, f
         with stage("merge"):
             edge = spool / "boundaries.run"
             _write_run(edge, boundary_run(counts, ngram_size))
-            figures = merge_runs(sorted(spool.glob("*.run")), out, fmt, from_tokens=True,
-                                 ngram_size=ngram_size, spool=spool)
+            figures = (save or _call)(merge_runs, sorted(spool.glob("*.run")), out, fmt, from_tokens=True,
+                                      ngram_size=ngram_size, spool=spool)
     return {"tokens": sum(c.n_tokens for c in counts), "shards": len(shards), **figures}
+
+
+def _call(fn, *args, **kwargs):
+    return fn(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------

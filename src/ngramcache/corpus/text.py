@@ -181,7 +181,10 @@ def read_input(path: str | os.PathLike, limit: int = -1) -> bytes:
     """A file's bytes (its first ``limit`` bytes when ``limit >= 0``); an OSError always
     names the file (a failed read, as of ``/proc/self/mem`` or a bad disk sector, otherwise
     says only "Input/output error")."""
+    from ngramcache.files import check_regular_file
+
     path = os.fspath(path)
+    check_regular_file(path)  # a pipe would hang the read, a device never end it
     try:
         with open(path, "rb") as f:
             return f.read(limit)

@@ -7,6 +7,11 @@ with uvicorn. Endpoints (docs/serve.md): ``/v1/completions``, ``/v1/chat/complet
 (Prometheus text) and ``/`` (a chat page that marks the text that came from accepted
 drafts; its icon is also at ``/favicon.ico``). Errors are OpenAI's body, with the status
 and parameter that the engine's typed errors (``ngramcache.serving.errors``) carry.
+
+A request is refused as cheaply as it can be: by its Host header and API key
+(``ngramcache.serving.guards``), its size, its JSON, and a prompt by its length in bytes
+before any tokenizer work; tokenizations run a few at a time, the others wait within the
+engine's queue bound.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import base64
 import contextlib
 import json
 import re
+import threading
 import time
 import uuid
 from importlib import resources
@@ -24,22 +30,28 @@ from typing import Any, Literal, Union
 try:
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+    from fastapi.responses import HTMLResponse, Response, StreamingResponse
+    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError("the server needs its extra: pip install 'ngramcache[serve]'") from e
 
+from ngramcache.serving.guards import BodyTimeout, Gate
 from ngramcache.serving.http_errors import BodyLimit, check_text, error_body, error_response
 from ngramcache.serving.metrics import metrics_text
 from ngramcache.serving.engine import Engine
-from ngramcache.serving.errors import EngineError, ModelNotFoundError, RequestError, ShuttingDownError
+from ngramcache.serving.errors import (EngineError, ModelNotFoundError, QueueFullError, RequestError,
+                                       ShuttingDownError)
 from ngramcache.serving.jobs import Job, JobResult
 
 __all__ = ["create_app", "metrics_text"]
 
 #: the default of ``create_app``'s ``max_body_bytes`` and of ``serve --max-body-bytes``
 MAX_BODY_BYTES = 16 * 1024 * 1024
+#: the default of ``create_app``'s ``body_timeout`` and of ``serve --body-timeout`` (seconds)
+BODY_TIMEOUT = 60.0
+#: prompts tokenized at once (the others wait their turn): tokenizing holds a core each
+TOKENIZING = 2
 
 # ---------------------------------------------------------------------------------
 # request bodies (fields OpenAI's API has and we do not use are accepted and ignored)
@@ -51,8 +63,8 @@ class _Common(BaseModel):
     max_tokens: StrictInt | None = Field(default=None, ge=0)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: StrictInt | None = Field(default=None, ge=0)
-    seed: StrictInt | None = Field(default=None, ge=0)
+    top_k: StrictInt | None = Field(default=None, ge=0, le=2**31 - 1)
+    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
     stream: StrictBool = False
     n: StrictInt = Field(default=1, ge=1, le=1)
@@ -89,6 +101,79 @@ class ChatRequest(_Common):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=0)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escaped(key: str) -> str:
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _check_unicode(data) -> None:
+    """``RequestError`` (400, ``invalid_unicode``) naming the first key or value of ``data``
+    that holds a lone surrogate (JSON lets a request carry ``"\\ud800"``, which is no text:
+    it cannot be tokenized, echoed or logged). Iterative: the depth is the parser's bound."""
+    stack = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            items = ()
+            bad = _SURROGATE.search(value)
+            where = path
+        elif isinstance(value, dict):
+            items = list(value.items())
+            bad = next((m for m in map(_SURROGATE.search, value) if m), None)
+            where = path
+            if bad is not None:
+                where = f"{path}.{_escaped(bad.string)}" if path else _escaped(bad.string)
+        elif isinstance(value, list):
+            items = list(enumerate(value))
+            bad = None
+        else:
+            continue
+        if bad is not None:
+            raise RequestError(f"{where or 'body'}: a lone surrogate (U+{ord(bad.group()):04X}) at character "
+                               f"{bad.start()} is not text", param=where or None, code="invalid_unicode")
+        for k, v in reversed(items):
+            stack.append((f"{path}.{k}" if path else str(k), v))
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
+    """A request body as ``model``; every way it can be wrong is a ``RequestError``:
+    ``invalid_json`` (not UTF-8, not JSON, nested too deeply, a number too long),
+    ``invalid_unicode`` (a lone surrogate anywhere), 422 ``invalid_field``."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"the request body is not UTF-8 (byte {e.start}: 0x{raw[e.start]:02x})",
+                           code="invalid_json") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise RequestError("the request body is not valid JSON: nested too deeply", code="invalid_json") from None
+    except ValueError as e:  # JSONDecodeError, and an integer past Python's digit limit
+        raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise RequestError(f"the request body must be a JSON object, not {type(data).__name__}",
+                           code="invalid_json")
+    _check_unicode(data)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _field_error(e.errors()) from None
+    except RecursionError:
+        raise RequestError("the request body is nested too deeply", code="invalid_json") from None
+
+
+def _field_error(errors) -> RequestError:
+    """422 ``invalid_field`` naming the first field at fault and listing every problem."""
+    def where(e) -> str:
+        return ".".join(_escaped(str(x)) for x in e.get("loc", ()) if x != "body")
+
+    first = errors[0] if errors else {}
+    detail = "; ".join(f"{where(e) or 'body'}: {e.get('msg')}" for e in errors)
+    return RequestError(_escaped(detail), param=where(first) or None, status=422, code="invalid_field")
+
+
 # ---------------------------------------------------------------------------------
 # the application
 
@@ -104,9 +189,18 @@ def _page_icon() -> bytes:
 
 
 def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool = False,
-               shutdown_timeout: float = 5.0, max_body_bytes: int | None = MAX_BODY_BYTES) -> "FastAPI":
+               shutdown_timeout: float = 5.0, max_body_bytes: int | None = MAX_BODY_BYTES, *,
+               api_key: str | None = None, allowed_hosts=None, openapi_docs: bool = False,
+               body_timeout: float | None = BODY_TIMEOUT, tokenizing: int = TOKENIZING) -> "FastAPI":
     """The ASGI application serving ``engine`` (its model answers to
     ``engine.model_name`` and to each name in ``aliases``).
+
+    ``api_key``: every route but ``/health`` and the page's static files needs
+    ``Authorization: Bearer KEY`` (None: open). ``allowed_hosts``: the Host names
+    answered (None: any). ``openapi_docs``: serve FastAPI's ``/docs``, ``/redoc`` and
+    ``/openapi.json``. ``body_timeout``: seconds a request body may take to arrive (None:
+    no bound). ``tokenizing``: prompts tokenized at once; the others wait, as many as
+    ``engine.max_queue`` (more are refused 503 ``queue_full``).
 
     ``close_engine``: close the engine when the application shuts down. ``await
     app.state.drain()`` does it first, as ``serve`` does at SIGTERM before the server
@@ -115,8 +209,11 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
     stream: an error event, then ``[DONE]``), and the memory is saved.
     ``max_body_bytes``: larger request bodies are refused with 413 (None: no bound)."""
 
+    closing = asyncio.Event()  # set when the drain begins: requests still tokenizing are answered 503
+
     async def drain() -> bool:
         """Close the engine as described above; False if it did not stop in time."""
+        closing.set()
         return await asyncio.to_thread(engine.close, shutdown_timeout, max(10.0, shutdown_timeout))
 
     @contextlib.asynccontextmanager
@@ -125,11 +222,17 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
         if close_engine:
             await drain()
 
+    docs = {} if openapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="ngramcache", description="OpenAI-compatible server with draft-free speculative decoding",
-                  lifespan=lifespan)
+                  lifespan=lifespan, **docs)
     app.state.drain = drain
+    # the last added runs first: who may ask, then how much, then how slowly
+    if body_timeout is not None:
+        app.add_middleware(BodyTimeout, seconds=body_timeout)
     if max_body_bytes is not None:
         app.add_middleware(BodyLimit, limit=max_body_bytes)
+    if api_key is not None or allowed_hosts is not None:
+        app.add_middleware(Gate, api_key=api_key, allowed_hosts=allowed_hosts)
     names = {engine.model_name, *aliases}
     created = int(time.time())
 
@@ -142,22 +245,63 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return error_response(RequestError("the request body is not valid JSON", code="invalid_json"))
-        first = errors[0] if errors else {}
-        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        detail = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}"
-                           for e in errors)
-        return error_response(RequestError(detail, param=loc or None, status=422, code="invalid_field"))
+        return error_response(_field_error(errors))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(status_code=exc.status_code, content=error_body(str(exc.detail), kind))
+        e = EngineError(str(exc.detail), status=exc.status_code,
+                        code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request"))
+        if exc.status_code == 404:
+            e.type = "not_found_error"
+        return error_response(e)
 
     from ngramcache.integrations.exactness import exactness_status
 
     # read once, before any request: whether drafting can change greedy output on this model
     # (the stored check-exact answer, else what its settings predict; nothing is run)
     exact = exactness_status(getattr(engine, "llm", None))
+
+    slots = asyncio.Semaphore(max(1, tokenizing))
+    waiting = 0  # requests waiting for a tokenizer slot
+
+    async def _unless_closing(aw):
+        """``aw``'s result, or ``ShuttingDownError`` as soon as the drain begins (the
+        request is answered 503 then, not cut off when the server stops)."""
+        task = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(closing.wait())
+        try:
+            done, _ = await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        raise ShuttingDownError("the server is shutting down")
+
+    async def _tokenize(fn, *args):
+        """``fn(*args)`` on a thread, at most ``tokenizing`` at once; a request that would
+        wait beyond the engine's queue bound is refused 503, as one over it in the engine."""
+        nonlocal waiting
+        if engine.closed or closing.is_set():
+            raise ShuttingDownError("the server is shutting down")
+        if slots.locked():
+            if engine.max_queue is not None and waiting >= engine.max_queue:
+                raise QueueFullError(f"{waiting} requests are waiting to be tokenized already (the most this "
+                                     f"server queues); try again later")
+            waiting += 1
+            try:
+                await _unless_closing(slots.acquire())
+            finally:
+                waiting -= 1
+        else:
+            await slots.acquire()
+        try:
+            return await _unless_closing(_on_daemon_thread(fn, *args))
+        finally:
+            slots.release()
+
+    def _text_bytes(text: str) -> int:
+        return len(text) if text.isascii() else len(text.encode("utf-8"))
 
     @app.get("/health")
     async def health():
@@ -264,14 +408,22 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    # The bodies are parsed here rather than by FastAPI, so that every way a body can be
+    # wrong has its own code (parse_body); the schema is still in /openapi.json.
+    def _body_schema(model):
+        return {"requestBody": {"required": True,
+                                "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+    async def completions(request: Request):
+        body = parse_body(await request.body(), CompletionRequest)
         if engine.closed:
             raise ShuttingDownError("the server is shutting down")
         if isinstance(body.prompt, str):
             if not body.prompt:
                 raise RequestError("prompt is empty", param="prompt")
-            prompt = await asyncio.to_thread(engine.tokenize, check_text(body.prompt, "prompt"))
+            engine.check_text_fits(_text_bytes(body.prompt), "prompt")
+            prompt = await _tokenize(engine.tokenize, check_text(body.prompt, "prompt"))
         else:
             prompt = engine.check_tokens(body.prompt)
         job = _job(body, prompt, body.max_tokens, 16)
@@ -297,8 +449,9 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
         return base({"index": 0, "text": r.text, "finish_reason": _finish(r), "logprobs": None},
                     {"usage": _usage(r), "ngramcache": r.figures()})
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request):
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatRequest))
+    async def chat_completions(request: Request):
+        body = parse_body(await request.body(), ChatRequest)
         if engine.closed:
             raise ShuttingDownError("the server is shutting down")
         if engine.chat_template is None:
@@ -306,9 +459,13 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
                                "or use /v1/completions", param="messages")
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(f"messages.{i}.content")}
                     for i, m in enumerate(body.messages)]
+        # the rendered prompt holds every message's text, and more
+        engine.check_text_fits(sum(_text_bytes(m["content"]) for m in messages), "messages")
         try:
-            prompt = await asyncio.to_thread(lambda: engine.tokenize(engine.chat_template.render(messages)))
-        except ValueError as e:  # the template's own refusal
+            prompt = await _tokenize(lambda: engine.tokenize(engine.chat_template.render(messages)))
+        except ValueError as e:  # the template's own refusal (a RequestError is one too: passed on)
+            if isinstance(e, EngineError):
+                raise
             raise RequestError(str(e), param="messages") from None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         try:
@@ -341,6 +498,34 @@ def create_app(engine: Engine, aliases: tuple[str, ...] = (), close_engine: bool
                     {"usage": _usage(r), "ngramcache": r.figures()})
 
     return app
+
+
+async def _on_daemon_thread(fn, *args):
+    """``fn(*args)`` on a daemon thread of its own: a tokenization that a shutdown stopped
+    waiting for (its request answered 503) does not hold the process's exit, as a thread
+    of asyncio's executor would."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result, error):
+        if not future.done():
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+    def work():
+        try:
+            outcome = (fn(*args), None)
+        except BaseException as e:  # the request's error, raised where it waits
+            outcome = (None, e)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop has closed: no one waits any more
+            pass
+
+    threading.Thread(target=work, name="ngramcache-tokenize", daemon=True).start()
+    return await future
 
 
 def _envelope(rid: str, object_: str, created: int, model: str, choice: dict, extra: dict | None) -> dict:

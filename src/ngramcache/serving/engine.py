@@ -110,6 +110,7 @@ class Engine:
             self.costs = verify_costs(self.llm if self.llm is not None else self.backend,
                                       max_batch=min(self.n_draft + 1, self.backend.n_batch))
         self._fingerprint: bytes | None = None
+        self._max_token_bytes: int | None = None
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._submit_lock = threading.Lock()  # closing and queueing, one at a time
         self.tally = Tally()
@@ -148,6 +149,24 @@ class Engine:
     def tokenize(self, text: str) -> np.ndarray:
         """Text to token ids (BOS added where the model wants one and the text has none)."""
         return np.asarray(self._tokenize(text), dtype=np.int32)
+
+    @property
+    def max_token_bytes(self) -> int | None:
+        """The most bytes of text one token can stand for (its longest piece, special
+        tokens written out), computed once; None when the model cannot say."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = _longest_piece(self.llm, self.backend)
+        return self._max_token_bytes or None
+
+    def check_text_fits(self, n_bytes: int, param: str = "prompt") -> None:
+        """``ContextOverflowError`` for a text of ``n_bytes`` UTF-8 bytes that cannot fit in
+        the context whatever its tokens: refused by its length alone, before any tokenizer
+        work (a 16 MB prompt costs seconds and gigabytes to tokenize)."""
+        most = self.max_token_bytes
+        if most is not None and n_bytes > most * self.n_ctx:
+            raise ContextOverflowError(f"the prompt is {n_bytes:,} bytes: no text that long fits the context of "
+                                       f"{self.n_ctx} tokens (a token stands for at most {most} bytes)",
+                                       param=param)
 
     def check_tokens(self, tokens) -> np.ndarray:
         """Token ids from a request, checked against the vocabulary (``RequestError``)."""
@@ -384,6 +403,28 @@ class Engine:
             self._finish(job, error=e)
         finally:
             self.running = None
+
+
+def _longest_piece(llm, backend) -> int:
+    """The longest text one token of the vocabulary stands for, in bytes (0: unknown).
+    A llama.cpp model's special tokens count as their written form, which the tokenizer
+    parses into one token."""
+    n_vocab = getattr(backend, "n_vocab", 0)
+    if llm is not None:
+        import ctypes
+
+        import llama_cpp
+
+        vocab = llm._model.vocab
+        buf = ctypes.create_string_buffer(512)
+        # the special text too: "<|im_start|>" in a prompt is one token; a piece longer
+        # than the buffer is told as its length, negated
+        return max((abs(llama_cpp.llama_token_to_piece(vocab, t, buf, 512, 0, True)) for t in range(n_vocab)),
+                   default=0)
+    piece = getattr(backend, "piece", None)
+    if piece is None or not n_vocab:
+        return 0
+    return max((len(piece(t)) for t in range(n_vocab)), default=0)
 
 
 def _drafts_into_mod_table(name: str | None) -> bool:

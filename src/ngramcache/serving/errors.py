@@ -32,7 +32,10 @@ class EngineError(Exception):
 
 class RequestError(EngineError, ValueError):
     """A request that cannot be run as asked (400 unless told otherwise); a ValueError
-    too, as any bad argument."""
+    too, as any bad argument. Its code is ``invalid_value`` unless a subclass or the
+    raiser names a more precise one."""
+
+    code = "invalid_value"
 
 
 class ContextOverflowError(RequestError):

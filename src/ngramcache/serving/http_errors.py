@@ -7,7 +7,7 @@ import json
 
 from ngramcache.serving.errors import BodyTooLargeError, EngineError, RequestError
 
-__all__ = ["error_body", "error_response", "check_text", "BodyLimit"]
+__all__ = ["error_body", "error_json", "error_response", "check_text", "BodyLimit"]
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
@@ -16,11 +16,17 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def error_response(e: EngineError):
-    """The JSON response for ``e``: its status, its type, code and parameter."""
-    from fastapi.responses import JSONResponse
+def error_json(e: EngineError) -> bytes:
+    """OpenAI's error object for ``e`` as bytes. ASCII JSON: a message or parameter that
+    quotes the request (a key holding a lone surrogate) is escaped, never a failure."""
+    return json.dumps(error_body(e.message, e.type, e.param, e.code)).encode("ascii")
 
-    return JSONResponse(status_code=e.status, content=error_body(e.message, e.type, e.param, e.code))
+
+def error_response(e: EngineError, headers: dict | None = None):
+    """The JSON response for ``e``: its status, its type, code and parameter."""
+    from fastapi.responses import Response
+
+    return Response(error_json(e), status_code=e.status, media_type="application/json", headers=headers)
 
 
 def check_text(text: str, param: str) -> str:
@@ -48,7 +54,7 @@ class BodyLimit:
     def _refusal(self) -> tuple[dict, dict]:
         e = BodyTooLargeError(f"the request body is larger than this server takes ({self.limit} bytes; "
                               f"serve --max-body-bytes)")
-        body = json.dumps(error_body(e.message, e.type, e.param, e.code)).encode()
+        body = error_json(e)
         start = {"type": "http.response.start", "status": e.status,
                  "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                              (b"connection", b"close")]}
