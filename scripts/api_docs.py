@@ -22,6 +22,7 @@ from pathlib import Path
 MODULES = [
     ("ngramcache", "Caches, drafting, replay and the drafters."),
     ("ngramcache.drafters.registry", "Every drafter by name, each declared once by a DrafterSpec (docs/drafters.md)."),
+    ("ngramcache.defaults", "The defaults and bounds of draft lengths, each declared once."),
     ("ngramcache.decoding.loop", "The speculative loop over any model backend (also `ngramcache.generation`)."),
     ("ngramcache.decoding.sampling", "Greedy, sampled and seeded token choice."),
     ("ngramcache.decoding.costs", "Verification costs: calibration, the cost store, the gated drafter."),
