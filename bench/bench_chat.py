@@ -125,7 +125,7 @@ def run_conversation(llm, variant: str, n_draft: int, max_tokens: int) -> list[d
 
 def multi_turn(model: str, variants: list[str], repeats: int, n_draft: int, max_tokens: int, ctx: int) -> dict:
     llm = nl.make_llama(resolve_model(model), n_ctx=ctx)
-    nl.verify_costs(llm, max_batch=n_draft + 1)  # measured once, outside the clocks
+    nl.learned_costs(llm, max_batch=n_draft + 1)  # the curve the engine starts from: stored, else the prior
     runs: dict[str, list[list[dict]]] = {v: [] for v in variants}
     for r in range(repeats):
         order = variants if r % 2 == 0 else variants[::-1]

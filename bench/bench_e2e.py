@@ -54,6 +54,7 @@ import ngramcache as nc  # noqa: E402
 from e2e_common import add_run_arguments, chosen_tasks, chosen_variants, report, speed_rows  # noqa: E402
 from ngramcache import data  # noqa: E402
 from ngramcache import llama as nl  # noqa: E402
+from ngramcache.decoding.gate import Gate, GatedDrafter, GateSettings  # noqa: E402
 from ngramcache.drafters.catalog import make_drafter  # noqa: E402
 from ngramcache.models import model_path  # noqa: E402
 
@@ -124,8 +125,15 @@ def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_
                             exact=exact)
     # llama-cpp-python's loop decodes [token + draft] with n_batch rows at most
     assert llm_pld.n_batch >= n_draft + 1
-    costs = nl.verify_costs(llm, max_batch=n_draft + 1)
-    log(f"[{name}] verify costs (x one token): {[round(x / costs[0], 2) for x in costs]}")
+    # the model's cost curve as the commands get it (stored, else the prior for its size), learnt
+    # further by every gated run below
+    learnt = nl.learned_costs(llm, max_batch=n_draft + 1)
+    costs = list(learnt.curve())
+    log(f"[{name}] verify costs (x one token; {learnt.describe()}): {[round(x, 2) for x in costs]}")
+
+    def gated(drafter, **settings):
+        return GatedDrafter(drafter, Gate(learnt, GateSettings(**settings)))
+
     t = time.perf_counter()
     st_tokens = static_tokens(llm, model_path, static_bytes)
     static = nc.StaticTable.build(st_tokens, 2)
@@ -162,20 +170,17 @@ def run_model(name: str, model_path: str, tasks, n_tokens: int, repeats: int, n_
                 elif v == "fixed8":
                     res = nl.generate(llm, task.prompt, nc.LookupDrafter(n_draft=8), n_tokens)
                 elif v == "lookup":
-                    res = nl.generate(llm, task.prompt, nc.LookupDrafter(n_draft=n_draft, gate=nc.AdaptiveGate(costs)),
-                                      n_tokens)
+                    res = nl.generate(llm, task.prompt, gated(nc.LookupDrafter(n_draft=n_draft)), n_tokens)
                 elif v == "ngc":
-                    res = nl.generate(llm, task.prompt, nc.CopyDrafter(n_draft=n_draft, gate=nc.AdaptiveGate(costs)),
-                                      n_tokens)
+                    res = nl.generate(llm, task.prompt, gated(nc.CopyDrafter(n_draft=n_draft)), n_tokens)
                 elif v == "ngc-unbounded":
-                    res = nl.generate(llm, task.prompt,
-                                      nc.CopyDrafter(n_draft=n_draft, gate=nc.AdaptiveGate(costs, risk=None)), n_tokens)
+                    res = nl.generate(llm, task.prompt, gated(nc.CopyDrafter(n_draft=n_draft), risk=None), n_tokens)
                 elif v == "ngc+static":
-                    res = nl.generate(llm, task.prompt, nc.CopyDrafter(static=static, n_draft=n_draft,
-                                                                       gate=nc.AdaptiveGate(costs)), n_tokens)
+                    res = nl.generate(llm, task.prompt, gated(nc.CopyDrafter(static=static, n_draft=n_draft)),
+                                      n_tokens)
                 elif v in CATALOG_VARIANTS:
                     kind, opts = CATALOG_VARIANTS[v]
-                    d = make_drafter(kind, n_draft=n_draft, gate=nc.AdaptiveGate(costs), **opts)
+                    d = gated(make_drafter(kind, n_draft=n_draft, **opts))
                     res = nl.generate(llm, task.prompt, d, n_tokens)
                 else:
                     res = nl.generate(llm, task.prompt, nc.OracleDrafter(oracle_truth, n_draft=k_oracle), n_tokens)

@@ -3,11 +3,13 @@
 On an exact build a drafted run emits the same tokens as plain decoding, so how a drafter and
 its gate would do on a prompt is fixed by two things: the plain output (what verification
 would confirm) and the model's verification cost curve (what a batch of k tokens costs). This
-tool records the first once per model (``collect``: real plain runs through llama-cpp-python),
-then runs the real decoding loop, drafter and gate against a backend that answers from that
-record and charges ``cost(k)`` for each batch (``simulate``). The result is a speed-up over
-plain that does not drift with machine noise, for every workload at once, in seconds; the
-timed benchmarks (bench_e2e.py, bench_chat.py) then confirm the policies that look best.
+tool records the first once per model (``collect``: real plain runs through llama-cpp-python
+on the benchmark workloads), then runs the real decoding loop, drafter and gate against a
+backend that answers from that record and charges ``cost(k)`` for each batch (``simulate``).
+The result is a speed-up over plain that does not drift with machine noise, for every workload
+at once, in seconds; the timed benchmarks (bench_e2e.py, bench_chat.py) then confirm the
+policies that look best. ``bench/make_gate_priors.py`` fits the gate's priors from the same
+records.
 
     .venv/bin/python bench/gate_sim.py collect --models smollm2,gemma --tokens 128 --out /tmp/gate-sim
     .venv/bin/python bench/gate_sim.py simulate --dir /tmp/gate-sim --models smollm2,gemma
@@ -15,9 +17,9 @@ timed benchmarks (bench_e2e.py, bench_chat.py) then confirm the policies that lo
 Modelled time per step: ``cost(k+1)`` for verifying k drafted tokens (cost(1) = one plain
 step), plus the drafter's own measured time in units of one plain step (``--step-ms``). The
 gate is told each verification's modelled time, with a log-normal spread (``--clock-noise``),
-to check its curve against (``VerifyTimes``). ``--stale F`` gives the gates a curve whose
-extra cost over one token is F times the true one (F < 1: a curve flatter than the machine),
-and compares the gate that checks its curve with one that takes it as given.
+to learn its curve from. ``--stale F`` starts the gates from a curve whose extra cost over one
+token is F times the true one (F < 1: a curve flatter than the machine), and compares the
+gate that learns its curve with one that takes it as given.
 """
 
 from __future__ import annotations
@@ -39,32 +41,6 @@ from bench_chat import TURNS as CHAT_TURNS  # noqa: E402  (the chat benchmark's 
 from bench_chat import resolve_model as model_path  # noqa: E402  (packaged models, and qwen-coder)
 FRESH_CODE = ("Write a Python function that parses a date in the form YYYY-MM-DD and returns the "
               "day of the week as a word. Give only the code.")
-
-
-def held_out_prompts() -> list[str]:
-    """The exactness tests' 32 prompts (code edits, summaries, quotes, chat turns, open
-    text): a set apart from the benchmarks' workloads, to fit the gate's priors on."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import test_exactness
-
-    return list(test_exactness.PROMPTS)
-
-
-def collect_prompts(models: list[str], prompts: list[str], n_tokens: int, out: Path) -> None:
-    from ngramcache import llama as nl
-
-    out.mkdir(parents=True, exist_ok=True)
-    for name in models:
-        llm = nl.make_llama(model_path(name), n_ctx=4096, n_batch=512, n_threads=1, n_threads_batch=1)
-        be = nl.LlamaBackend.of(llm)
-        records = []
-        for i, prompt in enumerate(prompts):
-            r = nl.generate(llm, prompt, None, n_tokens)
-            records.append({"workload": f"prompt {i}", "prompt": be.tokenize(prompt).tolist(),
-                            "output": r.tokens.tolist()})
-        (out / f"{name}.json").write_text(json.dumps({"model": name, "n_vocab": be.n_vocab, "records": records}))
-        print(name, len(records), "records", flush=True)
-        del llm
 
 
 def collect(models: list[str], n_tokens: int, out_dir: Path) -> None:
@@ -216,99 +192,6 @@ def simulate(models: list[str], in_dir: Path, costs_by_model: dict, variants: di
     return table
 
 
-def tally_states(models: list[str], in_dir: Path, drafters: list[str], n_draft: int) -> dict:
-    """Hits and trials per gate state and draft position, pooled over every record: each
-    drafter's proposals scored against the real output while its gate never lets one through."""
-    from ngramcache.decoding.gate import AdaptiveGate
-
-    out = {}
-    for dname in drafters:
-        gate = AdaptiveGate([1.0] * (n_draft + 1), decay=1.0, min_gain=1e9, priors=None)
-        for name in models:
-            data = json.loads((in_dir / f"{name}.json").read_text())
-            for rec in data["records"]:
-                _run(rec, data["n_vocab"], [1.0] * (n_draft + 1),
-                     _costs.gated_drafter([1.0], dname, n_draft, gate=gate), 0.0)
-        out[dname] = gate
-    return out
-
-
-POSITION_BUCKETS = ((0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 1 << 30))
-
-
-def fit_priors(gates: dict, strength: float = 8.0) -> dict:
-    """Prior means per (source, length bucket, previous outcome) and position bucket, from
-    the tallies of ``tally_states``: each level shrunk towards the level above it (all
-    states, then the source, then its length bucket) by ``strength`` trials."""
-    from ngramcache.decoding.gate import AdaptiveGate
-
-    n_len, n_prev = len(AdaptiveGate._LEN_BUCKETS), 3
-    hits: dict = {}
-    trials: dict = {}
-    for g in gates.values():
-        for st in range(len(g._hits)):
-            src, rest = divmod(st, n_len * n_prev)
-            b, pv = divmod(rest, n_prev)
-            for pb, (lo, hi) in enumerate(POSITION_BUCKETS):
-                hh, tt = sum(g._hits[st][lo:hi]), sum(g._trials[st][lo:hi])
-                for key in ((pb,), (src, pb), (src, b, pb), (src, b, pv, pb)):
-                    hits[key] = hits.get(key, 0.0) + hh
-                    trials[key] = trials.get(key, 0.0) + tt
-
-    def mean(key, parent):
-        return (hits.get(key, 0.0) + strength * parent) / (trials.get(key, 0.0) + strength)
-
-    table = {}
-    for src in range(AdaptiveGate.N_SOURCES):
-        for b in range(n_len):
-            for pv in range(n_prev):
-                row = []
-                for pb in range(len(POSITION_BUCKETS)):
-                    m0 = (hits.get((pb,), 0.0) + 1.0) / (trials.get((pb,), 0.0) + 2.0)
-                    m1 = mean((src, pb), m0)
-                    m2 = mean((src, b, pb), m1)
-                    row.append(round(mean((src, b, pv, pb), m2), 3))
-                table[(src, b, pv)] = row
-    # a longer match is never less likely right: a length bucket no data reached (a copy of
-    # one token) must not inherit the source's pool, which long copies dominate
-    for src in range(AdaptiveGate.N_SOURCES):
-        for pv in range(n_prev):
-            for b in range(n_len - 2, -1, -1):
-                table[(src, b, pv)] = [min(x, y) for x, y in zip(table[(src, b, pv)], table[(src, b + 1, pv)])]
-    return {k: tuple(v) for k, v in table.items()}
-
-
-def write_priors(table: dict, path: Path) -> None:
-    """Replace the TABLE of ngramcache/decoding/gate_priors.py with ``table``."""
-    text = path.read_text()
-    start = text.index("TABLE: dict")
-    end = text.index("}\n", start) + 2
-    rows = "".join(f"    {k}: {v},\n" for k, v in sorted(table.items()))
-    path.write_text(text[:start] + "TABLE: dict[tuple[int, int, int], tuple[float, ...]] = {\n" + rows + "}\n"
-                    + text[end:])
-
-
-def print_states(gates: dict) -> None:
-    from ngramcache.decoding.gate import AdaptiveGate
-
-    los = AdaptiveGate._LEN_BUCKETS
-    buckets = [f"{lo}-{hi - 1}" if hi - 1 > lo else str(lo) for lo, hi in zip(los, los[1:])] + [f"{los[-1]}+"]
-    prevs = ("prev wrong", "prev right", "no prev")
-    for dname, g in gates.items():
-        print(f"\n### {dname}: acceptance of drafted token j given j-1 right, per state (trials)\n")
-        for st in range(len(g._hits)):
-            t = g._trials[st]
-            if t[0] < 1:
-                continue
-            src, rest = divmod(st, len(buckets) * 3)
-            b, pv = divmod(rest, 3)
-            cells = []
-            for lo, hi in ((0, 1), (1, 2), (2, 4), (4, 8), (8, len(t))):
-                hh, tt = sum(g._hits[st][lo:hi]), sum(t[lo:hi])
-                cells.append(f"{hh / tt:.2f} ({tt:.0f})" if tt else "-")
-            print(f"src {src} len {buckets[b]:>3} {prevs[pv]:>10}: " + "  ".join(cells))
-
-
 class ClairvoyantGate:
     """A drafter whose proposals are cut to exactly their right prefix, and dropped when that
     prefix does not pay for its verification: the ceiling of a drafter under any gate."""
@@ -379,8 +262,19 @@ def _occurs(text: bytes, pattern: bytes) -> bool:
     return i >= 0
 
 
+def gate_settings(**gate):
+    """``GateSettings`` from JSON keywords (``priors`` by name: "table" or "flat")."""
+    from ngramcache.decoding.gate import GateSettings, Priors
+
+    if "priors" in gate:
+        gate["priors"] = Priors(gate["priors"])
+    return GateSettings(**gate)
+
+
 def _gated(n_draft: int, drafter: str, **gate):
-    return lambda costs: _costs.gated_drafter(costs, drafter, n_draft, gate_options=gate or None)
+    from ngramcache.decoding.gate import gated_drafter
+
+    return lambda costs: gated_drafter(costs, drafter, n_draft, settings=gate_settings(**gate))
 
 
 def _default_variants(n_draft: int, gate: dict | None = None) -> dict:
@@ -430,7 +324,6 @@ def main(argv=None) -> int:
     c.add_argument("--models", default="smollm2,gemma")
     c.add_argument("--tokens", type=int, default=128)
     c.add_argument("--out", default="/tmp/gate-sim")
-    c.add_argument("--held-out", action="store_true", help="the exactness tests' prompts, not the workloads")
     s = sub.add_parser("simulate")
     s.add_argument("--models", default="smollm2,gemma")
     s.add_argument("--dir", default="/tmp/gate-sim")
@@ -443,35 +336,16 @@ def main(argv=None) -> int:
     s.add_argument("--clock-spikes", type=float, default=0.0,
                    help="share of the verification times the gates are told ten times too long")
     s.add_argument("--gate", default=None,
-                   help='JSON keywords for the gates of the gated variants, e.g. \'{"risk": null}\'')
+                   help='JSON GateSettings for the gates of the gated variants, e.g. \'{"risk": null}\'')
     s.add_argument("--summary", action="store_true",
                    help="only the worst cell, the mean and the cells under 0.97x of the default drafter")
     s.add_argument("--stale", type=float, default=None,
-                   help="give the gates a curve whose extra cost is this times the true one, and compare "
-                        "the gate that checks its curve with one that does not")
-    t = sub.add_parser("states")
-    t.add_argument("--models", default="smollm2,gemma")
-    t.add_argument("--dir", default="/tmp/gate-sim")
-    t.add_argument("--drafters", default="copy,suffix,lookup")
-    t.add_argument("--n-draft", type=int, default=32)
-    t.add_argument("--write", action="store_true", help="write the fitted table into ngramcache's gate_priors.py")
+                   help="start the gates from a curve whose extra cost is this times the true one, and "
+                        "compare the gate that learns its curve with one that takes it as given")
     args = ap.parse_args(argv)
     models = args.models.split(",")
     if args.cmd == "collect":
-        if args.held_out:
-            collect_prompts(models, held_out_prompts(), args.tokens, Path(args.out))
-        else:
-            collect(models, args.tokens, Path(args.out))
-        return 0
-    if args.cmd == "states":
-        gates = tally_states(models, Path(args.dir), args.drafters.split(","), args.n_draft)
-        print_states(gates)
-        table = fit_priors(gates)
-        print("\nfitted priors:")
-        for key, row in table.items():
-            print(f"    {key}: {row},")
-        if args.write:
-            write_priors(table, Path(__file__).resolve().parent.parent / "src/ngramcache/decoding/gate_priors.py")
+        collect(models, args.tokens, Path(args.out))
         return 0
     curves = json.loads(args.costs) if args.costs else {m: stored_curve(m) for m in models}
     step_ms = {k: float(v) for k, v in (kv.split("=") for kv in args.step_ms.split(","))}
@@ -481,7 +355,7 @@ def main(argv=None) -> int:
         variants = {"copy": variants["copy"]}
     if args.stale is not None:
         variants = {k: variants[k] for k in ("copy", "copy ceiling")}
-        variants["copy, curve unchecked"] = _gated(args.n_draft, "copy", **{**gate, "verify_times": False})
+        variants["copy, curve as given"] = _gated(args.n_draft, "copy", **{**gate, "learn_costs": False})
     table = simulate(models, Path(args.dir), curves, variants, args.n_draft, step_ms,
                      1.0 if args.stale is None else args.stale, args.clock_noise, args.clock_spikes)
     if args.summary:

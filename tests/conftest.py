@@ -26,6 +26,7 @@ import reference as ref
 from ngramcache import NgramCache
 from ngramcache import data
 from ngramcache.cli.main import main
+from ngramcache.decoding.gate import gated_drafter
 from ngramcache.models import default_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -363,7 +364,7 @@ def fake_llama(monkeypatch, tmp_path):
     monkeypatch.setattr(nl, "generate", generate)
     monkeypatch.setattr(nl, "generate_llama_cpp", generate_llama_cpp)
     monkeypatch.setattr(nl, "CountingDraftModel", lambda inner: inner)
-    monkeypatch.setattr(nl, "adaptive_drafter", lambda llm, **k: SimpleNamespace(gate=SimpleNamespace(costs=[1.0, 1.5])))
+    monkeypatch.setattr(nl, "adaptive_drafter", lambda llm, **k: gated_drafter([1.0, 1.5], "copy", 1))
     spec = ModuleType("llama_cpp.llama_speculative")
     spec.LlamaPromptLookupDecoding = lambda: object()
     if importlib.util.find_spec("llama_cpp") is None:

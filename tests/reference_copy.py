@@ -7,17 +7,18 @@ from __future__ import annotations
 import numpy as np
 
 from ngramcache._validate import check_int
+from ngramcache.drafters.base import Proposal, Source
 from ngramcache.drafters.lookup import LookupDrafter
 
 
 class ReferenceCopyDrafter(LookupDrafter):
     """``ngramcache.CopyDrafter``'s behaviour: the same constructor, the same proposals,
-    confidences and gate sources."""
+    confidences and sources."""
 
     def __init__(self, static=None, dynamic=None, n_draft: int = 16, ngram_min: int = 1, ngram_max: int = 4,
-                 gate=None, min_match: int = 2, max_match: int = 32, max_candidates: int = 8):
+                 min_match: int = 2, max_match: int = 32, max_candidates: int = 8):
         super().__init__(static=static, dynamic=dynamic, n_draft=n_draft, ngram_min=ngram_min,
-                         ngram_max=ngram_max, gate=gate)
+                         ngram_max=ngram_max)
         min_match = check_int("min_match", min_match, 1)
         max_match = check_int("max_match", max_match, 1)
         if min_match > max_match:
@@ -53,12 +54,12 @@ class ReferenceCopyDrafter(LookupDrafter):
                 self._index.setdefault(tuple(toks[j - m + 1 - off : j + 1 - off]), []).append(j)
             self._indexed = end
 
-    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
-        cand, conf, source = self._copy_or_lookup(n)
-        self.last_confidence, self.last_source = conf, source
-        return cand, conf, source
+    def _candidates(self, n: int) -> Proposal:
+        p = self._copy_or_lookup(n)
+        self.last_confidence, self.last_source = p.confidence, p.source
+        return p
 
-    def _copy_or_lookup(self, n: int) -> tuple[np.ndarray, int, int]:
+    def _copy_or_lookup(self, n: int) -> Proposal:
         seq = self._buf.view()
         last = self._buf.n - 1
         m = self.min_match
@@ -75,5 +76,5 @@ class ReferenceCopyDrafter(LookupDrafter):
                         best_pos, best_len = pos, length
                 cand = seq[best_pos + 1 : min(best_pos + 1 + n, last + 1)]
                 if cand.size:
-                    return cand.copy(), best_len, 1
+                    return Proposal(cand.copy(), best_len, Source.COPY)
         return super()._candidates(n)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.decoding.gate import Gate
 from ngramcache.serving.conversations import TAIL_SLACK, ConversationGates
 
 COSTS = [1.0, 1.2, 1.4, 1.6, 1.8]
@@ -16,7 +16,7 @@ def _toks(*xs):
 
 def test_the_next_turn_finds_its_conversations_gate_and_a_new_one_finds_none():
     store = ConversationGates()
-    a, b = AdaptiveGate(COSTS), AdaptiveGate(COSTS)
+    a, b = Gate(COSTS), Gate(COSTS)
     first = np.arange(100, dtype=np.int32)
     other = np.arange(100, dtype=np.int32) + 1000
     store.keep(first, KEY, a)
@@ -31,7 +31,7 @@ def test_the_next_turn_finds_its_conversations_gate_and_a_new_one_finds_none():
 
 def test_the_end_of_an_answer_may_be_rendered_differently():
     store = ConversationGates()
-    g = AdaptiveGate(COSTS)
+    g = Gate(COSTS)
     seen = np.arange(60, dtype=np.int32)
     store.keep(seen, KEY, g)
     changed_tail = seen.copy()
@@ -45,13 +45,13 @@ def test_the_end_of_an_answer_may_be_rendered_differently():
 
 def test_the_longest_matching_conversation_wins_and_old_ones_are_dropped():
     store = ConversationGates(capacity=2)
-    short, long_ = AdaptiveGate(COSTS), AdaptiveGate(COSTS)
+    short, long_ = Gate(COSTS), Gate(COSTS)
     base = np.arange(40, dtype=np.int32)
     store.keep(base, KEY, short)
     store.keep(np.concatenate([base, np.arange(40, 80, dtype=np.int32)]), KEY, long_)
     assert store.find(np.arange(90, dtype=np.int32), KEY) is long_
     store.keep(np.arange(90, dtype=np.int32), KEY, long_)
-    store.keep(np.arange(5000, 5100, dtype=np.int32), KEY, AdaptiveGate(COSTS))  # drops the oldest
+    store.keep(np.arange(5000, 5100, dtype=np.int32), KEY, Gate(COSTS))  # drops the oldest
     assert len(store) == 2
     assert store.find(np.arange(45, dtype=np.int32), KEY) is None
 

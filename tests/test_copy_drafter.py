@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import ngramcache as nc
 from conftest import FAST, VECTORS, alphabets, streams
-from ngramcache import AdaptiveGate, CopyDrafter, NgramCache, StaticTable
+from ngramcache import CopyDrafter, NgramCache, StaticTable
+from ngramcache.decoding.gate import Gate, GatedDrafter
 from ngramcache.replays import replay_drafter
 from reference_copy import ReferenceCopyDrafter
 
@@ -44,13 +45,14 @@ def follow(ours: CopyDrafter, ref: ReferenceCopyDrafter, text, start: int, batch
     have, step, copies = start, 0, 0
     while True:
         n_max = n_maxes[step % len(n_maxes)]
+        step_of = ours.proposal(n_max)  # one call: the proposal, its confidence and its source
         got, want = ours.propose(n_max), ref.propose(n_max)
         where = f"step {step}, {have} tokens, n_max {n_max}"
-        assert got.tolist() == want.tolist(), where
-        if ours.gate is None and want.size:
-            assert ours._impl.confidence == ref.last_confidence, where
-            assert ours._impl.source == ref.last_source, where
-            copies += ref.last_source
+        assert got.tolist() == want.tolist() == step_of.tokens.tolist(), where
+        if want.size:
+            assert step_of.confidence == ref.last_confidence, where
+            assert step_of.source is ref.last_source, where
+            copies += int(ref.last_source)
         if have == text.size:
             return copies
         k = min(text.size - have, batches[step % len(batches)])
@@ -125,8 +127,8 @@ def test_real_text_copies_and_looks_up():
 @needs_prose
 def test_gated_runs_agree():
     costs = [1.0, 1.3, 1.5, 1.8, 2.0, 2.4, 2.7, 3.0, 3.3]
-    ours = CopyDrafter(n_draft=8, gate=AdaptiveGate(costs))
-    ref = ReferenceCopyDrafter(n_draft=8, gate=AdaptiveGate(costs))
+    ours = GatedDrafter(CopyDrafter(n_draft=8), Gate(costs))
+    ref = GatedDrafter(ReferenceCopyDrafter(n_draft=8), Gate(costs))
     text = PROSE[10000:14000]
     ours.reset(text[:200])
     ref.reset(text[:200])
@@ -231,8 +233,6 @@ def test_bad_arguments():
         CopyDrafter(dynamic={})
     with pytest.raises(TypeError, match="static"):
         CopyDrafter(static=[1, 2])
-    with pytest.raises(TypeError, match="gate"):
-        CopyDrafter(gate=[1.0])
     d = CopyDrafter()
     with pytest.raises(ValueError, match="negative"):
         d.reset([1, -2])

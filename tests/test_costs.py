@@ -1,6 +1,7 @@
-"""Verification costs (ngramcache.decoding.costs): the one calibration over a timing hook
-(medians, more rounds while noisy, a non-decreasing curve), the store keyed by backend,
-model, build and threads, and the gated drafter built on costs."""
+"""Verification costs (ngramcache.decoding.costs): the curve learnt while decoding (a prior at
+once, medians per batch size with a spike filter, kept per key and saved atomically), the
+explicit calibration over a timing hook, and the store keyed by backend, model, build and
+threads."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from ngramcache import CopyDrafter, LookupDrafter
 from ngramcache.decoding import costs as C
-from ngramcache.decoding.costs import CostKey, calibrate, gated_drafter, stored_costs
+from ngramcache.decoding.costs import CostKey, LearnedCosts, calibrate, learned_costs
+from ngramcache.decoding.priors import cost_prior
 from support import FakeModel
 
 
@@ -43,7 +44,7 @@ def test_calibrate_interleaves_rounds_and_interpolates_between_timed_sizes():
     clock = Clock()
     cal = calibrate(clock, 12, repeats=3, progress=False)
     sizes = C.batch_sizes(12)
-    assert cal.sizes == sizes and cal.rounds == 3 and not cal.noisy and cal.spread == 0.0
+    assert cal.sizes == sizes and cal.rounds == 3 and cal.spread == 0.0
     assert clock.calls == sizes * 4  # a warm-up round, then three, each over every size in turn
     assert cal.costs == pytest.approx([1.0 + k * 0.25 for k in range(1, 13)])  # linear: interpolation is exact
 
@@ -53,26 +54,7 @@ def test_one_spike_does_not_move_the_median():
     clock = Clock(spikes={n + 2: 50.0})  # first measured round, third size
     cal = calibrate(clock, 6, repeats=5, progress=False)
     assert cal.costs == pytest.approx([1.0 + k * 0.25 for k in range(1, 7)])
-    assert not cal.noisy and cal.rounds == 5
-
-
-def test_noisy_timings_get_more_rounds_then_are_flagged(capsys):
-    n = len(C.batch_sizes(4))
-    # every other round of size 2 is slow: its spread never settles
-    clock = Clock(spikes={r * n + 1: 9.0 for r in range(1, 40, 2)})
-    cal = calibrate(clock, 4, repeats=3, progress=False)
-    assert cal.noisy and cal.rounds == 6 and cal.spread > C.MAX_SPREAD  # 2 * repeats by default
-    assert cal.costs == sorted(cal.costs)
-    assert capsys.readouterr().err == ""  # progress=False: nothing on stderr
-    cal = calibrate(Clock(spikes={r * n + 1: 9.0 for r in range(1, 40, 2)}), 4, repeats=3, max_rounds=12,
-                    progress=False)
-    assert cal.rounds == 12
-
-
-def test_noisy_timings_are_said_on_stderr_when_progress_is_on(capsys):
-    n = len(C.batch_sizes(3))
-    calibrate(Clock(spikes={r * n: 30.0 for r in range(1, 40, 2)}), 3, repeats=2)
-    assert "timings of one batch size varied by" in capsys.readouterr().err
+    assert cal.rounds == 5 and cal.spread == 0.0
 
 
 def test_calibrate_bad_arguments():
@@ -80,8 +62,6 @@ def test_calibrate_bad_arguments():
         calibrate(Clock(), 0)
     with pytest.raises(ValueError, match="repeats"):
         calibrate(Clock(), 4, repeats=0)
-    with pytest.raises(ValueError, match="max_rounds"):
-        calibrate(Clock(), 4, repeats=3, max_rounds=2)
     with pytest.raises(ValueError, match=r"time_batch\(1\) returned -1"):
         calibrate(lambda k: -1.0, 4, progress=False)
 
@@ -112,70 +92,9 @@ def test_store_keeps_costs_per_key(tmp_path):
     assert C.read_costs(str(_key("other")), path) == [0.02, 0.03]
     table = json.loads((tmp_path / "c" / "costs.json").read_text())
     assert sorted(table) == sorted([str(_key()), str(_key("other"))])
-    assert str(_key()).split("|") == ["v3", "fake", "m.gguf", "10", "0", "b1", "t2"]
+    assert str(_key()).split("|") == ["v4", "fake", "m.gguf", "10", "0", "b1", "t2"]
     with pytest.raises(ValueError, match="costs"):
         C.write_costs(_key(), [0.1, float("nan")], path)
-
-
-def test_stored_costs_measures_once_and_keeps_only_quiet_measurements(tmp_path):
-    path = str(tmp_path / "costs.json")
-    measured = []
-
-    def measure(noisy):
-        def run(n):
-            measured.append(n)
-            return C.Calibration(costs=[1.0 + k for k in range(n)], sizes=list(range(1, n + 1)),
-                                 medians=[1.0 + k for k in range(n)], rounds=5, spread=0.9 if noisy else 0.01,
-                                 noisy=noisy, seconds=0.1)
-        return run
-
-    assert stored_costs(_key(), measure(False), 4, path=path) == [1.0, 2.0, 3.0, 4.0]
-    assert stored_costs(_key(), measure(False), 3, path=path) == [1.0, 2.0, 3.0]  # a prefix of what is kept
-    assert measured == [4]
-    assert stored_costs(_key(), measure(False), 6, path=path) == [1.0 + k for k in range(6)]  # longer: measured
-    assert stored_costs(_key(), measure(False), 2, refresh=True, path=path) == [1.0, 2.0]
-    assert measured == [4, 6, 2]
-    # noisy costs are not kept on disk, but this process does not measure them again
-    assert stored_costs(_key("noisy"), measure(True), 3, path=path) == [1.0, 2.0, 3.0]
-    assert stored_costs(_key("noisy"), measure(True), 3, path=path) == [1.0, 2.0, 3.0]
-    assert measured == [4, 6, 2, 3] and C.read_costs(_key("noisy"), path) is None
-    # no key: measured every time
-    stored_costs(None, measure(False), 2, path=path)
-    stored_costs(None, measure(False), 2, path=path)
-    assert measured[-2:] == [2, 2]
-
-
-def test_recalibrate_measures_each_stored_curve_again_once_per_process(tmp_path, monkeypatch):
-    path = str(tmp_path / "costs.json")
-    measured = []
-
-    def measure(scale):
-        def run(n):
-            measured.append(scale)
-            costs = [1.0 + scale * k for k in range(n)]
-            return C.Calibration(costs=costs, sizes=list(range(1, n + 1)), medians=costs, rounds=5,
-                                 spread=0.01, noisy=False, seconds=0.1)
-        return run
-
-    monkeypatch.setattr(C, "_RECALIBRATED", set())
-    assert stored_costs(_key(), measure(1.0), 3, path=path) == [1.0, 2.0, 3.0]  # an old machine's curve
-    monkeypatch.setenv("NGRAMCACHE_RECALIBRATE", "1")
-    assert stored_costs(_key(), measure(2.0), 3, path=path) == [1.0, 3.0, 5.0]  # measured again, and kept
-    assert stored_costs(_key(), measure(3.0), 3, path=path) == [1.0, 3.0, 5.0]  # once: not on every request
-    assert measured == [1.0, 2.0]
-    monkeypatch.delenv("NGRAMCACHE_RECALIBRATE")
-    assert C.read_costs(_key(), path) == [1.0, 3.0, 5.0]
-    monkeypatch.setenv("NGRAMCACHE_RECALIBRATE", "yes")
-    with pytest.raises(ValueError, match="NGRAMCACHE_RECALIBRATE must be 0 or 1"):
-        stored_costs(_key("other"), measure(1.0), 3, path=path)
-
-
-def test_stored_costs_survive_an_unwritable_store(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("x")
-    cal = C.Calibration(costs=[1.0, 2.0], sizes=[1, 2], medians=[1.0, 2.0], rounds=5, spread=0.0, noisy=False,
-                        seconds=0.0)
-    assert stored_costs(_key(), lambda n: cal, 2, path=str(blocker / "costs.json")) == [1.0, 2.0]
 
 
 def test_extend_costs():
@@ -186,37 +105,99 @@ def test_extend_costs():
         C.extend_costs([1.0, -1.0], 3)
 
 
-def test_gated_drafter_builds_the_named_drafter_with_a_gate_on_the_costs():
-    d = gated_drafter([1.0, 1.1, 1.2], "lookup", n_draft=6, gate_options={"min_gain": 0.2}, ngram_max=3)
-    assert isinstance(d, LookupDrafter) and d.n_draft == 6
-    assert d.gate.max_len == 6 and d.gate.min_gain == 0.2
-    assert np.allclose(d.gate.costs, np.array([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]) / 1.0)
-    d = gated_drafter(None, n_draft=4)
-    assert isinstance(d, CopyDrafter) and d.gate is None  # the default drafter, ungated
-    with pytest.raises(ValueError, match="unknown drafter"):
-        gated_drafter([1.0], "nope")
-    with pytest.raises(TypeError, match="takes no option"):
-        gated_drafter([1.0], "pld", static=object())
-    with pytest.raises(ValueError, match="n_draft"):
-        gated_drafter([1.0], n_draft=-1)
+# -- learnt while decoding -------------------------------------------------------------
+
+PRIOR = [1.0, 2.0, 3.0, 4.0, 5.0]
 
 
-def test_calibration_stops_at_its_budget_and_the_result_is_not_kept(monkeypatch):
-    from types import SimpleNamespace
+def feed(costs: LearnedCosts, n_tokens: int, seconds: float, times: int) -> None:
+    for _ in range(times):
+        costs.observe(n_tokens, seconds)
 
-    from ngramcache.decoding import costs as costs_mod
 
-    clock = [0.0]
-    monkeypatch.setattr(costs_mod, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    calls = []
-    rng = np.random.default_rng(0)
+def test_a_curve_starts_as_its_prior_and_moves_to_the_medians_it_sees():
+    c = LearnedCosts(PRIOR)
+    assert c.curve() == PRIOR and not c.learnt
+    feed(c, 1, 0.010, C.MIN_PLAIN)  # the unit: one-token steps of 10 ms
+    feed(c, 3, 0.020, 36)  # a batch of 3 costs 2 steps here, where the prior says 3
+    curve = c.curve()
+    assert c.learnt and curve[0] == 1.0
+    # its own median, shrunk towards the prior as if the prior were PRIOR_SAMPLES times
+    n = 36
+    scale = (C.PRIOR_SAMPLES + n * (2.0 - 1.0) / (3.0 - 1.0)) / (C.PRIOR_SAMPLES + n)
+    assert curve[2] == pytest.approx((n * 2.0 + C.PRIOR_SAMPLES * (1 + scale * 2.0)) / (n + C.PRIOR_SAMPLES))
+    # sizes never verified follow the prior with its extra cost scaled as the verified ones say
+    assert curve[4] == pytest.approx(1.0 + scale * 4.0)
+    assert curve == sorted(curve)
 
-    def time_batch(k):  # a busy machine: every batch takes a second of the clock, timings all over
-        clock[0] += 1.0
-        calls.append(k)
-        return 0.01 * k * (1 + 3 * rng.random())
 
-    cal = costs_mod.calibrate(time_batch, 17, progress=False, budget=30.0)
-    n_sizes = len(costs_mod.batch_sizes(17))
-    assert cal.rounds == costs_mod.MIN_ROUNDS or cal.rounds * n_sizes <= 30 + n_sizes
-    assert cal.noisy and len(calls) < (2 * 5 + 1) * n_sizes  # fewer than the unbudgeted ten rounds
+def test_spikes_do_not_move_the_curve_and_a_busy_machine_still_gets_one():
+    quiet, busy = LearnedCosts(PRIOR), LearnedCosts(PRIOR)
+    rng = np.random.default_rng(1)
+    for step in range(600):
+        k = 1 if step % 3 else 5
+        t = 0.010 * (1 + 0.5 * (k - 1))  # a batch of 5 costs 3 steps
+        quiet.observe(k, t)
+        # busy: every time stretched up to 1.5x, and one in five descheduled for 20x as long
+        busy.observe(k, t * (1 + 0.5 * rng.random()) * (20.0 if rng.random() < 0.2 else 1.0))
+    assert quiet.curve()[4] == pytest.approx(3.0, rel=0.02)
+    assert busy.curve()[4] == pytest.approx(3.0, rel=0.2)  # noisy, not absent
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        busy.observe(1, bad)  # not a time: left out
+    busy.observe(99, 1.0)  # beyond the curve: left out
+    assert busy.n_observed == 600
+
+
+def test_one_descheduled_step_counts_as_at_most_spike_times_its_median():
+    c = LearnedCosts(PRIOR, spike=3.0)
+    feed(c, 1, 0.010, C.MIN_PLAIN)
+    c.observe(1, 10.0)
+    assert max(c._times[0]) == pytest.approx(0.030)
+
+
+def test_learned_costs_start_at_once_from_the_store_or_the_prior_for_the_size(tmp_path):
+    path = str(tmp_path / "costs.json")
+    key = _key("learnt")
+    fresh = learned_costs(key, 6, n_params=135_000_000, path=path)
+    assert fresh.curve() == pytest.approx(C.extend_costs(cost_prior("fake", 135_000_000), 6))
+    assert learned_costs(key, 4, path=path) is fresh  # one curve per key in a process
+    feed(fresh, 1, 0.010, 10)
+    feed(fresh, 2, 0.013, 10)
+    assert fresh.save() and not fresh.save()  # nothing new since: no second write
+    stored = C.read_costs(key, path)
+    assert stored == pytest.approx(fresh.curve())
+    # the next process starts from what was stored
+    C._CURVES.clear()
+    again = learned_costs(key, 6, path=path)
+    assert again is not fresh and again.curve() == pytest.approx(stored)
+    # a curve measured by the earlier store version is a prior too
+    old = _key("old")
+    C.write_costs(old.versioned("v3"), [0.02, 0.03, 0.04], path)
+    assert learned_costs(old, 3, path=path).curve() == pytest.approx([1.0, 1.5, 2.0])
+    # no key: a fresh curve, never kept
+    assert learned_costs(None, 3, path=path).key is None
+
+
+def test_the_size_prior_is_the_nearest_model_of_the_backend():
+    small, large = cost_prior("llama.cpp", 130_000_000), cost_prior("llama.cpp", 500_000_000)
+    assert small[0] == large[0] == 1.0 and small != large and small[16] < large[16]
+    assert cost_prior("llama.cpp", None) in (small, large, cost_prior("llama.cpp", 268_000_000))
+    # a backend without a measured curve: the steepest (a cautious start)
+    known = [cost_prior("llama.cpp", n) for n in (130_000_000, 270_000_000, 500_000_000)]
+    assert cost_prior("no-such-backend", 1) == max(known, key=lambda c: c[1])  # dearest first draft token
+    assert cost_prior("transformers", 135_000_000)[32] < 3.0
+
+
+def test_saving_is_atomic_and_survives_an_unwritable_store(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    c = LearnedCosts(PRIOR, key=_key(), path=str(blocker / "costs.json"))
+    feed(c, 1, 0.01, 10)
+    feed(c, 2, 0.02, 10)
+    assert c.save() is False  # the folder is a file: nothing written, nothing raised
+    c.replace([0.01, 0.02, 0.03, 0.04, 0.05, 0.06])  # a measurement: starts again from it
+    assert c.curve() == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0]) and not c.learnt
+    with pytest.raises(ValueError, match="covers"):
+        c.replace([1.0, 2.0])
+    with pytest.raises(ValueError, match="spike"):
+        LearnedCosts(PRIOR, spike=1.0)

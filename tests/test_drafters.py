@@ -143,7 +143,7 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="dynamic"):
         LookupDrafter(dynamic={})
     with pytest.raises(TypeError, match="gate"):
-        LookupDrafter(gate=[1.0])
+        LookupDrafter(gate=[1.0])  # a drafter takes no gate: the gate wraps it
     with pytest.raises(TypeError, match="static"):
         LookupDrafter(static={(1, 2): {3: 1}})
     with pytest.raises(ValueError, match="negative"):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import PROMPT, V, reference
-from ngramcache import AdaptiveGate, CopyDrafter, LookupDrafter, NgramCache, OracleDrafter
+from ngramcache import CopyDrafter, Gate, GatedDrafter, LookupDrafter, NgramCache, OracleDrafter
 from ngramcache.integrations.llama import generate, stream
 from support import FakeModel, RejectingDrafter
 
@@ -45,11 +45,11 @@ def test_dynamic_static_and_gated_drafters_equal_plain():
     dyn.update(reference(PROMPT[:20], 300))
     static = NgramCache()
     static.update([(i * 11) % V for i in range(500)], 2, 2)
-    gate = AdaptiveGate([1.0, 1.1, 1.2, 1.3, 1.5, 1.6, 1.8, 2.0, 2.2])
+    gate = Gate([1.0, 1.1, 1.2, 1.3, 1.5, 1.6, 1.8, 2.0, 2.2])
     for drafter in (LookupDrafter(dynamic=dyn), LookupDrafter(static=static),
                     LookupDrafter(dynamic=dyn, static=static, n_draft=5),
-                    LookupDrafter(gate=gate), LookupDrafter(gate=AdaptiveGate([1.0, 5.0, 9.0]), n_draft=2),
-                    CopyDrafter(), CopyDrafter(gate=AdaptiveGate([1.0, 1.1, 1.2, 1.3, 1.5]), n_draft=4),
+                    GatedDrafter(LookupDrafter(), gate), GatedDrafter(LookupDrafter(n_draft=2), Gate([1.0, 5.0, 9.0])),
+                    CopyDrafter(), GatedDrafter(CopyDrafter(n_draft=4), Gate([1.0, 1.1, 1.2, 1.3, 1.5])),
                     CopyDrafter(static=static, dynamic=dyn, min_match=3, n_draft=12)):
         fm = FakeModel()
         r = generate(fm, PROMPT, drafter, 200)

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import FAST, VECTORS, alphabets, streams
-from ngramcache import AdaptiveGate, PromptLookupDrafter
+from ngramcache import Gate, GatedDrafter, PromptLookupDrafter
+from ngramcache.drafters.base import Source
 from ngramcache.replays import replay_drafter
 from reference_prompt_lookup import prompt_lookup
 
@@ -74,9 +75,10 @@ def test_confidence_is_the_matched_size():
     text = rng.integers(0, 5, 400).astype(np.int32)
     d.reset(text[:10])
     for i in range(10, 400):
+        size_of = d.proposal(6).confidence
         got = d.propose(6)
         want, size = prompt_lookup(text[:i].tolist(), 6, 4, 1, "first")
-        assert got.tolist() == want and d._impl.confidence == size
+        assert got.tolist() == want and size_of == size
         d.accept(text[i : i + 1])
 
 
@@ -145,17 +147,17 @@ def test_match_rules_and_edges():
     assert d.propose().size == 0
     d.reset([])
     assert d.propose().size == 0
-    assert PromptLookupDrafter._SOURCE == 1
+    assert PromptLookupDrafter._SOURCE is Source.COPY
 
 
 def test_gate_and_stats():
-    d = PromptLookupDrafter(n_draft=4, gate=AdaptiveGate([1.0, 1.1, 1.2, 1.3, 1.4]))
+    d = GatedDrafter(PromptLookupDrafter(n_draft=4), Gate([1.0, 1.1, 1.2, 1.3, 1.4]))
     d.reset([1, 2, 3, 4, 1, 2])
     p = d.propose()
     assert p.tolist() in ([3, 4, 1, 2][: p.size],)
     d.accept([3, 4, 9])
     assert d.stats.accepted == min(p.size, 2)
-    assert "PromptLookupDrafter" in repr(d) and "gated" in repr(d)
+    assert "PromptLookupDrafter" in repr(d) and "Gate" in repr(d)
 
 
 def test_replay_in_the_core_equals_a_python_loop():

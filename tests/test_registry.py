@@ -13,7 +13,7 @@ import pytest
 
 from ngramcache.cli.main import main as cli_main
 from ngramcache.drafters import registry
-from ngramcache.drafters.base import SequenceDrafter
+from ngramcache.drafters.base import Proposal, SequenceDrafter, Source
 from ngramcache.drafters.catalog import DRAFTERS, drafter_class, make_drafter
 from ngramcache.drafters.options import Option, OptionError, UnknownOptionError
 from ngramcache.replays import replay_drafter
@@ -29,15 +29,15 @@ class CountingDrafter(SequenceDrafter):
                Option("step", int, 1, "how far each proposed token counts on", lo=1, hi=100))
     made: list = []
 
-    def __init__(self, period: int = 3, step: int = 1, n_draft: int = 16, gate=None, dynamic=None):
-        super().__init__(n_draft, gate)
+    def __init__(self, period: int = 3, step: int = 1, n_draft: int = 16, dynamic=None):
+        super().__init__(n_draft)
         self._set_options(period=period, step=step)
         self.dynamic = dynamic
         CountingDrafter.made.append(self)
 
     def _candidates(self, n: int):
         last = int(self.tokens[-1]) if self.tokens.size else -1
-        return ((last + self.step * np.arange(1, n + 1)) % self.period).astype(np.int32), n, 0
+        return Proposal(((last + self.step * np.arange(1, n + 1)) % self.period).astype(np.int32), n, Source.COPY)
 
 
 def counting_text(n: int, period: int = 3) -> np.ndarray:
@@ -115,16 +115,16 @@ def test_stats_replays_it(toy, tmp_path, capsys):
 
 
 def test_replay_of_a_python_drafter_ignores_its_gate_and_n_draft_and_reports_progress(toy):
-    from ngramcache.decoding.gate import AdaptiveGate
+    from ngramcache.decoding.gate import Gate, GatedDrafter
 
     tokens = counting_text(250_001)
-    d = make_drafter("toy", n_draft=2, gate=AdaptiveGate([1.0] + [5.0] * 8))
+    d = GatedDrafter(make_drafter("toy", n_draft=2), Gate([1.0] + [5.0] * 8))
     calls = []
     st = replay_drafter(tokens, d, 125_000, 8, progress=lambda done, total: calls.append((done, total)))
     assert st.n_accept == st.n_drafted - 2  # every proposal is right, but the last of each chunk overruns it
     assert max(st.drafted_by_position[7:]) > 0  # 8 tokens proposed although the drafter's n_draft is 2
     assert calls[-1] == (250_000, 250_000) and len(calls) >= 3
-    assert (d.n_draft, d.gate is not None) == (2, True)  # restored
+    assert d.n_draft == 2  # restored
 
 
     def stop(done, total):
@@ -132,7 +132,7 @@ def test_replay_of_a_python_drafter_ignores_its_gate_and_n_draft_and_reports_pro
 
     with pytest.raises(RuntimeError, match="stop"):
         replay_drafter(tokens, d, 125_000, 8, progress=stop)
-    assert (d.n_draft, d.gate is not None) == (2, True)
+    assert d.n_draft == 2
 
 
 # --- the server -------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def test_hf_generate_drafts_with_it_by_name(toy, tmp_path, monkeypatch):
     out = hf.generate(model, ids, drafter="toy", max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain)
     assert [type(d) for d in CountingDrafter.made] == [CountingDrafter]
-    assert CountingDrafter.made[0].gate is not None and out.drafting.steps > 0
+    assert out.drafting.steps > 0
 
 
 # --- declaring a spec ---------------------------------------------------------------------

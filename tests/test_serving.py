@@ -16,6 +16,7 @@ import pytest
 from conftest import PROMPT, reference
 from ngramcache import CacheFormatError, NgramCache
 from ngramcache._state_file import VocabularyMismatchError
+from ngramcache.decoding.costs import LearnedCosts
 from ngramcache.serving import Engine, Job, Memory
 from ngramcache.serving.engine import resolve_speculative
 from ngramcache.serving.errors import (CancelledError, ContextOverflowError, QueueFullError, RequestError,
@@ -63,13 +64,13 @@ def test_engine_answers_what_the_model_alone_would(spec):
 
 def test_with_costs_the_drafter_is_gated_and_the_answer_unchanged():
     engine = _engine()
-    engine.costs = [1.0, 1.1, 1.2]  # what adaptive=True measures; longer drafts go on linearly
+    engine.costs = LearnedCosts([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8])  # what adaptive=True starts from
     try:
         d = engine.make_drafter("copy", 8)
-        assert d.gate is not None and len(d.gate.costs) == 9
-        assert np.allclose(d.gate.costs[:4], [1.0, 1.1, 1.2, 1.3])
-        # every conversation's gate checks the curve against the same machine's times
-        assert d.gate.verify_times is engine.verify_times is engine.make_drafter("suffix", 4).gate.verify_times
+        assert d.gate is not None and d.gate.max_len == 8
+        assert np.allclose(d.gate.curve()[:4], [1.0, 1.1, 1.2, 1.3])
+        # every conversation's gate learns into the one curve of this machine
+        assert d.gate.costs is engine.costs is engine.make_drafter("suffix", 4).gate.costs
         r = engine.run(Job(prompt=np.array(PROMPT, dtype=np.int32), max_tokens=40), timeout=60)
         assert r.tokens.tolist() == reference(PROMPT, 40)
     finally:
@@ -78,7 +79,7 @@ def test_with_costs_the_drafter_is_gated_and_the_answer_unchanged():
 
 def test_a_request_that_continues_a_conversation_goes_on_with_its_gate():
     engine = _engine()
-    engine.costs = [1.0, 1.1, 1.2]
+    engine.costs = LearnedCosts([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6])
     made = []
     build = engine.make_drafter
 

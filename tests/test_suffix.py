@@ -15,7 +15,8 @@ import ngramcache as nc
 import reference_suffix as ref
 from conftest import alphabets, streams
 from ngramcache import _core
-from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.decoding.gate import Gate, GatedDrafter
+from ngramcache.drafters.base import Source
 from ngramcache.drafters.suffix import SuffixDrafter, SuffixStore
 from ngramcache.replays import replay_drafter
 
@@ -46,10 +47,11 @@ def run_both(reqs, p, store_args=None, n_draft=16, schedule=None):
             n_max = (step * 7) % (n_draft + 3)
             step += 1
             want = r.propose(n_max)
+            step_of = d.proposal(n_max)  # one call: the proposal with its confidence and source
             got = d.propose(n_max)
-            assert got.tolist() == want, (have, n_max)
+            assert got.tolist() == want == step_of.tokens.tolist(), (have, n_max)
             if got.size:
-                assert d._impl.confidence == r.confidence
+                assert step_of.confidence == r.confidence and step_of.source is Source.SUFFIX
             if have >= len(t):
                 break
             k = min(len(t) - have, sched[step % len(sched)])
@@ -130,7 +132,7 @@ def test_store_drafts_a_repeat_of_an_earlier_request():
     d.reset([5, 6] + earlier[:6])  # the earlier request goes to the store here
     assert len(store) == 1
     assert d.propose(16).tolist() == earlier[6:22]
-    assert d._impl.confidence == 6
+    assert d.proposal(16).confidence == 6
     d.finish()  # this request too; the drafter is empty again
     assert len(store) == 2 and d.tokens.size == 0
     d.reset([1])
@@ -138,9 +140,8 @@ def test_store_drafts_a_repeat_of_an_earlier_request():
 
 
 def test_gate_source_and_stats():
-    g = AdaptiveGate([1.0] * 17)
-    d = SuffixDrafter(gate=g, alpha=100.0)
-    assert SuffixDrafter._SOURCE == 2 and AdaptiveGate.N_SOURCES == 3
+    d = GatedDrafter(SuffixDrafter(alpha=100.0), Gate([1.0] * 17))
+    assert SuffixDrafter._SOURCE is Source.SUFFIX
     d.reset([1, 2, 3, 4, 1, 2])
     out = d.propose()
     assert out.tolist()[:2] == [3, 4]

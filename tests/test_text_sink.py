@@ -9,7 +9,7 @@ import pytest
 from conftest import PROMPT, reference
 from ngramcache import CopyDrafter
 from ngramcache.decoding.loop import Stream, generate, stream
-from ngramcache.decoding.prefix import accepted_prefix
+from ngramcache._prefix import accepted_prefix
 from ngramcache.decoding.text_sink import TextSink
 from support import FakeModel
 

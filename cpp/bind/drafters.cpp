@@ -63,10 +63,7 @@ void register_lookup_drafters(py::module_& m) {
         "max_match"_a = CopyOptions{}.max_match, "max_candidates"_a = CopyOptions{}.max_candidates,
         py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::keep_alive<1, 4>());
     def_set_dynamic(copy);
-    copy.def_property_readonly(
-            "source", [](Copy& e) { return e.use().source(); },
-            "Where the last proposal came from: 1 a copy, 0 the lookup caches.")
-        .def(
+    copy.def(
             "index",
             [](Copy& e) {
                 pyt::Dict<pyt::Tuple<py::int_, py::ellipsis>, pyt::List<py::int_>> out;

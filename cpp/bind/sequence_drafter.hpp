@@ -4,8 +4,8 @@
 //
 //   bind_sequence_drafter<D>(m, "Name", "doc", py::init<...>() or py::init(factory), options...)
 //
-// Python sees one base class, CompiledDrafter, with reset(prompt), accept(tokens),
-// propose(n_max) and the confidence property, and one replay_drafter(drafter, tokens,
+// Python sees one base class, CompiledDrafter, with reset(prompt), accept(tokens) and
+// step(n_max) -> (tokens, confidence, source): one call per decoding step, and one replay_drafter(drafter, tokens,
 // n_ctx, n_draft, progress) for all of them; each drafter's class adds its constructor and
 // what it has beyond the protocol. The object is a Bound<D>: an Exclusive<D>
 // (exclusive.hpp) behind the base's virtual calls. Every call that releases the GIL claims
@@ -16,6 +16,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 #include <utility>
 
 #include "common.hpp"
@@ -29,11 +30,17 @@ public:
     virtual ~CompiledDrafter() = default;
     virtual void reset(const Tokens& prompt) = 0;
     virtual void accept(const Tokens& tokens) = 0;
-    virtual py::array_t<int32_t> propose(size_t n_max) = 0;
-    virtual int confidence() = 0;
+    // the proposal, its confidence (a match length) and its source (-1: the drafter has one)
+    virtual py::tuple step(size_t n_max) = 0;
     virtual ngramcache::DrafterReplayResult replay(const Tokens& tokens, const ngramcache::ReplayOptions& opt,
                                                    const Progress& progress) = 0;
 };
+
+// A drafter with more than one source (CopyDrafter: a copy or the lookup caches) says which.
+template <class D, class = void>
+struct HasSource : std::false_type {};
+template <class D>
+struct HasSource<D, std::void_t<decltype(std::declval<const D&>().source())>> : std::true_type {};
 
 template <class D>
 class Bound final : public CompiledDrafter, public ngramcache::Exclusive<D> {
@@ -50,12 +57,18 @@ public:
         Claim d(*this);
         nogil([&] { d->accept(tokens.data(), len(tokens)); });
     }
-    py::array_t<int32_t> propose(size_t n_max) override {
-        Claim d(*this);
-        // a drafter may find more than asked; only n_max are handed over
-        return proposal(n_max, [&](token_t* out) { return std::min(d->propose(n_max, out), n_max); });
+    py::tuple step(size_t n_max) override {
+        int confidence = 0, source = -1;
+        py::array_t<int32_t> tokens;
+        {
+            Claim d(*this);
+            // a drafter may find more than asked; only n_max are handed over
+            tokens = proposal(n_max, [&](token_t* out) { return std::min(d->propose(n_max, out), n_max); });
+            confidence = d->confidence();
+            if constexpr (HasSource<D>::value) source = d->source();
+        }
+        return py::make_tuple(std::move(tokens), confidence, source);
     }
-    int confidence() override { return this->use().confidence(); }
     ngramcache::DrafterReplayResult replay(const Tokens& tokens, const ngramcache::ReplayOptions& opt,
                                            const Progress& progress) override {
         Claim d(*this);
@@ -70,9 +83,9 @@ inline void register_compiled_drafter(py::module_& m) {
     py::class_<CompiledDrafter>(m, "CompiledDrafter", "A drafter of the sequence protocol, compiled.")
         .def("reset", &CompiledDrafter::reset, "prompt"_a)
         .def("accept", &CompiledDrafter::accept, "tokens"_a)
-        .def("propose", &CompiledDrafter::propose, "n_max"_a)
-        .def_property_readonly("confidence", &CompiledDrafter::confidence,
-                               "The last proposal's confidence (a match length), for the adaptive gate.");
+        .def("step", &CompiledDrafter::step, "n_max"_a,
+             "One step: (up to n_max proposed tokens, their confidence (a match length), their source "
+             "(-1 where the drafter has one source only)).");
     m.def(
         "replay_drafter",
         [](CompiledDrafter& d, const Tokens& tokens, size_t n_ctx, size_t n_draft, const Progress& progress) {

@@ -10,7 +10,7 @@ from ngramcache._core import CacheFormatError
 from ngramcache.cache import NgramCache
 from ngramcache.draft import draft
 from ngramcache.drafters import CopyDrafter, Drafter, DraftStats, LookupDrafter, OracleDrafter, PromptLookupDrafter
-from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.decoding.gate import Gate, GatedDrafter, GateSettings
 from ngramcache.decoding.loop import PromptCache
 from ngramcache.static_table import StaticTable
 from ngramcache.replays import ReplayStats, replay
@@ -24,7 +24,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
-    "AdaptiveGate", "CacheFormatError", "CopyDrafter", "DraftStats", "Drafter", "LookupDrafter",
+    "CacheFormatError", "CopyDrafter", "Gate", "GatedDrafter", "GateSettings", "DraftStats", "Drafter", "LookupDrafter",
     "NgramCache", "OracleDrafter", "ReplayStats", "StaticTable", "__version__", "draft", "replay",
     "PromptLookupDrafter", "SuffixDrafter", "SuffixStore",
     "NgramMapDrafter", "NgramModDrafter", "NgramSimpleDrafter", "PromptCache",

@@ -165,10 +165,8 @@ class CompiledDrafter:
     """A drafter of the sequence protocol, compiled."""
     def reset(self, prompt: Tokens) -> None: ...
     def accept(self, tokens: Tokens) -> None: ...
-    def propose(self, n_max: int) -> numpy.typing.NDArray[numpy.int32]: ...
-    @property
-    def confidence(self) -> int:
-        """The last proposal's confidence (a match length), for the adaptive gate."""
+    def step(self, n_max: int) -> tuple:
+        """One step: (up to n_max proposed tokens, their confidence (a match length), their source (-1 where the drafter has one source only))."""
 
 def replay_drafter(drafter: CompiledDrafter, tokens: Tokens, n_ctx: int, n_draft: int, progress: collections.abc.Callable[[int, int], None] | None) -> DrafterReplayResult: ...
 
@@ -181,9 +179,6 @@ class CopyDrafter(CompiledDrafter):
     """Copies of earlier spans of the sequence, else llama.cpp's lookup."""
     def __init__(self, context: NgramCache | None, dynamic: NgramCache | None, static: NgramCache | StaticTable | None, ngram_min: int = 1, ngram_max: int = 4, min_match: int = 2, max_match: int = 32, max_candidates: int = 8) -> None: ...
     def set_dynamic(self, dynamic: NgramCache | None) -> None: ...
-    @property
-    def source(self) -> int:
-        """Where the last proposal came from: 1 a copy, 0 the lookup caches."""
     def index(self) -> dict[tuple[int, ...], list[int]]:
         """Every indexed position by its min_match-gram, oldest first (for tests)."""
 

@@ -394,8 +394,11 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
     figures are lookup's own and stay empty; ``drafter`` in the result is its registered
     name (``ngramcache.drafters.registry``), else its class name.
     """
+    from ngramcache.decoding.gate import GatedDrafter
     from ngramcache.drafters.base import CoreSequenceDrafter, Drafter
 
+    if isinstance(drafter, GatedDrafter):  # the replay measures the proposals themselves
+        drafter = drafter.drafter
     arr, n_ctx, n_draft = _check_replay(tokens, n_ctx, n_draft, progress, "the replay needs at least {}")
     if not isinstance(drafter, Drafter):
         raise TypeError(f"replay_drafter needs a Drafter (reset, propose, accept, stats), got {type(drafter).__name__}")
@@ -429,10 +432,10 @@ def _replay_in_python(drafter, arr: np.ndarray, n_ctx: int, n_draft: int, progre
     n_steps = n_drafted = n_accept = 0
     t_draft = 0.0
     next_report = _PROGRESS_EVERY
-    # as in the compiled replay, neither the gate nor the drafter's own n_draft cut proposals
-    saved = (drafter.gate, drafter.n_draft) if isinstance(drafter, SequenceDrafter) else None
+    # as in the compiled replay, the drafter's own n_draft does not cut proposals
+    saved = drafter.n_draft if isinstance(drafter, SequenceDrafter) else None
     if saved is not None:
-        drafter.gate, drafter.n_draft = None, n_draft
+        drafter.n_draft = n_draft
     t_loop = time.perf_counter()
     try:
         for c in range(n_chunks):
@@ -471,7 +474,7 @@ def _replay_in_python(drafter, arr: np.ndarray, n_ctx: int, n_draft: int, progre
                     next_report = done + _PROGRESS_EVERY
     finally:
         if saved is not None:
-            drafter.gate, drafter.n_draft = saved
+            drafter.n_draft = saved
     t_replay = time.perf_counter() - t_loop
     if progress is not None:
         progress(total, total)

@@ -80,11 +80,11 @@ def drafter_options(args) -> dict:
         raise UsageError(f"--drafter {args.drafter}: {flags.get(e.param, e.param)} {e.reason}") from None
 
 
-def build_drafter(args, n_draft: int, gate=None, **extra):
+def build_drafter(args, n_draft: int, **extra):
     """The chosen drafter; a bad option value is a usage error with the drafter's message."""
     from ngramcache.drafters.registry import make_drafter
 
     try:
-        return make_drafter(args.drafter, n_draft=n_draft, gate=gate, **drafter_options(args), **extra)
+        return make_drafter(args.drafter, n_draft=n_draft, **drafter_options(args), **extra)
     except (ValueError, TypeError) as e:
         raise UsageError(f"--drafter {args.drafter}: {e}") from None

@@ -210,6 +210,8 @@ class Chat:
         stopped = "" if r.finish_reason == "stop" else f", stopped: {r.finish_reason}"
         self.note(f"[turn {self.turn}: {r.n_tokens} tokens, {tps}, {drafts}, prompt {r.n_prompt} tokens "
                   f"({r.n_cached} cached), drafter {r.drafter or 'none'}{stopped}]")
+        if r.why_no_drafts:
+            self.note(f"[{r.why_no_drafts}]")
 
 
 def run(args) -> int:

@@ -75,6 +75,7 @@ SPREAD_WARNING = 2.0
 def run(args) -> int:
     import ngramcache.data as data
     import ngramcache.integrations.llama as nl
+    from ngramcache.decoding.gate import why_no_drafts
     from ngramcache.integrations.exactness import exactness_status
     from ngramcache.models import model_path
 
@@ -108,13 +109,13 @@ def run(args) -> int:
     n_ctx = n_prompt + args.n_predict + args.n_draft + 16
     llp = nl.CountingDraftModel(LlamaPromptLookupDecoding())
     llm_llp = nl.make_llama(model, drafter=llp, n_ctx=n_ctx, n_threads=args.threads)
-    t = time.perf_counter()
     try:
         drafter = nl.adaptive_drafter(llm, n_draft=args.n_draft, drafter=args.drafter, **drafter_options(args))
     except (ValueError, TypeError) as e:
         raise UsageError(f"--drafter {args.drafter}: {e}") from None
-    say(f"verification costs: {time.perf_counter() - t:.1f} s to measure or load "
-        f"(batch of {args.n_draft + 1} = {drafter.gate.costs[-1]:.2f}x one token)")
+    curve = drafter.gate.curve()
+    say(f"verification costs: batch of {len(curve)} = {curve[-1]:.2f}x one token "
+        f"({drafter.gate.costs.describe()}; learnt further while decoding)")
     # first touches of the weights are page faults, not decoding
     warm = prompt[:200]
     nl.generate(llm, warm, None, 4)
@@ -127,6 +128,7 @@ def run(args) -> int:
         gaps[i] = float(top2[1] - top2[0])
 
     runs = {m: [] for m in METHODS}
+    why = []  # why the ngramcache runs that drafted nothing did not
     for r in range(args.repeats):
         order = METHODS if r % 2 == 0 else METHODS[::-1]  # alternate, so drift hits all alike
         for method in order:
@@ -136,6 +138,9 @@ def run(args) -> int:
                 res = nl.generate_llama_cpp(llm_llp, prompt, args.n_predict)
             else:
                 res = nl.generate(llm, prompt, drafter, args.n_predict)
+                reason = why_no_drafts(drafter) if res.steps and not res.drafted else None
+                if reason and reason not in why:
+                    why.append(reason)
             runs[method].append(res)
             say(f"  run {r + 1}/{args.repeats} {method:<10} {res.n_tokens} tokens, "
                 f"{res.gen_tokens_per_s:6.1f} tok/s generation, {res.e2e_tokens_per_s:6.1f} tok/s end to end")
@@ -145,7 +150,7 @@ def run(args) -> int:
     if not args.quiet:
         for w in warnings:
             print(f"ngramcache demo: warning: {w}", file=sys.stderr, flush=True)
-    notes = identity_notes(rows, exactness)
+    notes = identity_notes(rows, exactness) + [f"ngramcache: {w}" for w in why]
     text = "\n" + "".join(f"{n}\n" for n in notes)
     out_text = runs["ngramcache"][0].text
     if args.show:
@@ -154,7 +159,7 @@ def run(args) -> int:
                  + "\n".join(lines[: args.show]) + "\n")
     result = {"model": model, "drafter": args.drafter, "prompt_source": source, "n_prompt": n_prompt,
               "n_predict": args.n_predict, "repeats": args.repeats, "exactness": exactness, "methods": rows,
-              "notes": notes, "warnings": warnings, "text": out_text}
+              "notes": notes, "warnings": warnings, "why_no_drafts": why, "text": out_text}
     return emit(args, result, title="", columns=table_columns(rows), text=text)
 
 

@@ -89,7 +89,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import ngramcache.integrations.llama as nl
     from ngramcache.cache import NgramCache
-    from ngramcache.decoding.costs import gated_drafter
+    from ngramcache.decoding.gate import gated_drafter, why_no_drafts
     from ngramcache.decoding.text_sink import TextSink
     from ngramcache.files import open_cache
     from ngramcache.models import model_path
@@ -131,7 +131,7 @@ def run(args) -> int:
     if not args.no_draft:
         costs = None  # --fixed-draft: every proposal verified whole, as llama-lookup does
         if not (args.fixed_draft or args.n_draft == 0):
-            costs = nl.verify_costs(llm, max_batch=min(args.n_draft + 1, backend.n_batch))
+            costs = nl.learned_costs(llm, max_batch=min(args.n_draft + 1, backend.n_batch))
         try:
             drafter = gated_drafter(costs, args.drafter, args.n_draft, static=static, dynamic=dynamic, **options)
         except (ValueError, TypeError) as e:
@@ -159,8 +159,9 @@ def run(args) -> int:
     if show:
         out.write(sink.flush() + "\n\n")
         out.flush()
-    if drafter is not None and args.lookup_cache_dynamic and hasattr(drafter, "save_dynamic"):
-        drafter.save_dynamic(args.lookup_cache_dynamic)
+    inner = getattr(drafter, "drafter", drafter)  # the drafter behind the gate keeps the caches
+    if inner is not None and args.lookup_cache_dynamic and hasattr(inner, "save_dynamic"):
+        inner.save_dynamic(args.lookup_cache_dynamic)
 
     t_gen = r.t_total - r.t_prompt
     figures = {
@@ -174,6 +175,9 @@ def run(args) -> int:
         "adaptive": drafter is not None and getattr(drafter, "gate", None) is not None,
         "drafter": args.drafter if drafter is not None else None,
         "chat": messages is not None,
+        # one sentence when a drafter drafted nothing (the gate found no draft worth it, or
+        # the drafter had nothing to propose); None otherwise
+        "why_no_drafts": why_no_drafts(drafter) if r.steps and not r.drafted else None,
     }
     # llama-lookup's closing block, on stderr as llama.cpp logs it
     speeds = (f"encoded {r.n_prompt:4d} tokens in {r.t_prompt:8.3f} seconds, speed: "
@@ -185,6 +189,8 @@ def run(args) -> int:
             ("t_draft_flat", f"{t_draft_flat * 1e3:.2f} ms"), ("t_draft", f"{r.t_draft * 1e3:.2f} ms{per}"),
             ("t_verify", f"{r.t_verify * 1e3:.2f} ms in {r.steps} steps"), ("n_accept", str(r.accepted)),
             ("accept", f"{figures['accept']:.3f}%" if r.drafted else "-")]
+    if figures["why_no_drafts"]:
+        rows.append(("why", figures["why_no_drafts"]))
     return emit(args, {"text": r.text, **figures}, title=speeds, rows=rows, indent="", sep=" = ", file=sys.stderr)
 
 

@@ -1,2 +1,2 @@
-"""Decoding: the speculative loop over any model backend, the gate that sizes each draft,
-and the text a loop emits."""
+"""Decoding: the speculative loop over any model backend, the gate that sizes each draft
+(its policy, its learnt cost curve and its priors), and the text a loop emits."""

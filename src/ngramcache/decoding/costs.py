@@ -1,50 +1,53 @@
-"""Verification costs: what verifying a batch of k tokens costs a model, measured once and
-kept, and the gated drafter built on them.
+"""Verification costs: what verifying a batch of k tokens costs a model against one token,
+learnt while decoding and kept.
 
-An integration provides one hook, ``time_batch(k) -> seconds``: one verification batch of
-k tokens after a fixed context (a forward pass with logits for the k positions and a token
-chosen from each row, as verification does), its KV cache rolled back afterwards.
-:func:`calibrate` times it for every batch size up to 8 and about four sizes per doubling
-beyond, in interleaved rounds after a warm-up round, keeps each size's median, measures
-more rounds while the timings of a size spread too widely (another process taking the
-CPU), and returns the closest non-decreasing curve (a longer batch never costs less).
-:func:`stored_costs` keeps the result in one store on disk (:func:`cost_store_path`), keyed
-by backend, model, build and threads (:class:`CostKey`), unless the timings stayed noisy.
-:func:`gated_drafter` turns costs into a drafter with an ``AdaptiveGate``.
+:class:`LearnedCosts` is the curve the gate decides on. It starts at once from a prior curve
+(the one stored for this model, build and thread count, else the one of the nearest model
+size in the package's priors, ``ngramcache.decoding.priors``) and is refined from the
+verification times the decoding loop reports anyway (``observe``): per batch size the median
+of its recent times, a time beyond ``spike`` times that median counted as that, each size's
+median shrunk towards the prior while few were seen. Nothing is measured up front.
+:func:`learned_costs` hands out one such curve per key and process, and what it learnt is
+saved atomically in one store on disk (:func:`cost_store_path`), keyed by backend, model,
+build and threads (:class:`CostKey`).
+
+:func:`calibrate` is an explicit measurement (interleaved rounds of a ``time_batch(k)`` hook,
+medians, the closest non-decreasing curve) for benchmarks and for filling the priors; no
+command runs it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
+import math
 import os
-import sys
+import statistics
+import threading
 import time
+import weakref
+from collections import deque
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from ngramcache._validate import check_int
-from ngramcache.decoding.gate import AdaptiveGate, check_costs
+from ngramcache.decoding.priors import cost_prior
 
-__all__ = ["CostKey", "Calibration", "calibrate", "stored_costs", "cost_store_path", "read_costs", "write_costs",
-           "batch_sizes", "non_decreasing", "backend_timer", "context_tokens", "extend_costs", "gated_drafter",
-           "MAX_SPREAD", "SHOW_PROGRESS_AFTER", "BUDGET_SECONDS"]
+__all__ = ["CostKey", "Calibration", "LearnedCosts", "calibrate", "check_costs", "cost_store_path", "read_costs",
+           "write_costs", "learned_costs", "batch_sizes", "non_decreasing", "backend_timer", "context_tokens",
+           "extend_costs"]
 
-#: the version of the store's keys: v3 keys name the backend and its build (v2 keys, llama.cpp
-#: only, measured the fastest of the repeats; they are left alone and never read)
-STORE_VERSION = "v3"
-#: the largest spread (interquartile range / median) of one batch size's timings that is
-#: trusted: beyond it more rounds are measured, and costs that stay this noisy are used for
-#: the run that measured them but not kept (a size slow in most rounds has a wrong median)
-MAX_SPREAD = 0.25
-#: a calibration shows its progress on stderr once it has taken this many seconds
-SHOW_PROGRESS_AFTER = 1.5
-#: a calibration starts no new round after this many seconds (once MIN_ROUNDS are done): on a
-#: busy machine more rounds would not make the timings trustworthy, only the wait longer
-BUDGET_SECONDS = 6.0
-MIN_ROUNDS = 3
+#: the version of the store's keys: v4 holds learnt curves relative to one token (v3, measured
+#: seconds, is still read as a prior)
+STORE_VERSION = "v4"
+_OLD_VERSIONS = ("v3",)
+#: a batch size's median is shrunk towards the prior as if the prior were this many of its times
+PRIOR_SAMPLES = 4
+#: one-token steps timed before their median is the unit the batches are measured in
+MIN_PLAIN = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +62,11 @@ class CostKey:
     threads: str
 
     def __str__(self) -> str:
-        return "|".join((STORE_VERSION, self.backend, self.model, self.build, self.threads))
+        return self.versioned(STORE_VERSION)
+
+    def versioned(self, version: str) -> str:
+        """The key as the store spells it for ``version``."""
+        return "|".join((version, self.backend, self.model, self.build, self.threads))
 
 
 def cost_store_path() -> str:
@@ -77,6 +84,17 @@ def _read_table(path: str) -> dict:
     except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
         return {}
     return table if isinstance(table, dict) else {}
+
+
+def check_costs(costs) -> np.ndarray:
+    """``costs`` (``costs[k-1]``: the time to verify k tokens) relative to ``costs[0]``;
+    ValueError unless it is a non-empty 1-D sequence of positive finite numbers."""
+    c = np.asarray(costs, dtype=np.float64)
+    if c.ndim != 1 or c.size < 1:
+        raise ValueError("costs: expected a 1-D sequence, costs[k-1] = time to verify k tokens")
+    if not np.all(np.isfinite(c)) or np.any(c <= 0):
+        raise ValueError("costs: every verification cost must be a positive finite number")
+    return c / c[0]
 
 
 def read_costs(key: CostKey | str, path: str | None = None) -> list[float] | None:
@@ -114,15 +132,13 @@ class Calibration:
     """One measurement: ``costs[k-1]``, the seconds to verify k tokens for k =
     1..max_batch; the ``sizes`` timed (the others interpolated) and each one's ``medians``;
     ``rounds`` of timings per size; ``spread``, the largest interquartile range / median
-    of a size; ``noisy`` when the timings stayed too spread to keep (``MAX_SPREAD``);
-    ``seconds`` it took."""
+    of a size (how noisy the machine was); ``seconds`` it took."""
 
     costs: list[float]
     sizes: list[int]
     medians: list[float]
     rounds: int
     spread: float
-    noisy: bool
     seconds: float
 
 
@@ -151,116 +167,242 @@ def non_decreasing(y: Sequence[float]) -> list[float]:
     return [m for m, n in blocks for _ in range(int(n))]
 
 
-def _spread(samples: np.ndarray) -> np.ndarray:
-    q1, med, q3 = np.percentile(samples, [25, 50, 75], axis=0)
-    return (q3 - q1) / med
-
-
 def calibrate(time_batch: Callable[[int], float], max_batch: int, repeats: int = 5, *,
-              max_rounds: int | None = None, max_spread: float = MAX_SPREAD, progress: bool = True,
-              budget: float | None = BUDGET_SECONDS) -> Calibration:
+              progress: bool = True) -> Calibration:
     """Time ``time_batch(k)`` (seconds for one verification batch of k tokens) for the
-    sizes of :func:`batch_sizes` in interleaved rounds: a warm-up round, then ``repeats``
-    rounds, then ``repeats`` more at a time while some size's spread exceeds
-    ``max_spread``, up to ``max_rounds`` (default ``2 * repeats``). Each size keeps its
-    median; the curve is :func:`non_decreasing` over the sizes, interpolated in between.
-    ``budget``: seconds after which no further round is started once ``MIN_ROUNDS`` are
-    done (None: no limit); costs cut short while noisy come back ``noisy``, to be used
-    but not kept. ``progress``: show a progress line on stderr once it has taken
-    ``SHOW_PROGRESS_AFTER`` seconds, and say so there when the timings stayed noisy."""
+    sizes of :func:`batch_sizes` in ``repeats`` interleaved rounds after a warm-up round.
+    Each size keeps its median; the curve is :func:`non_decreasing` over the sizes,
+    interpolated in between. ``progress``: a progress line on stderr."""
     from ngramcache.progress import Progress
 
     max_batch = check_int("max_batch", max_batch, 1)
     repeats = check_int("repeats", repeats, 1)
-    max_rounds = check_int("max_rounds", 2 * repeats if max_rounds is None else max_rounds, repeats)
-    if not max_spread > 0:
-        raise ValueError(f"max_spread must be > 0, got {max_spread}")
     sizes = batch_sizes(max_batch)
     t0 = time.perf_counter()
     rows: list[list[float]] = []
-    bar = Progress((repeats + 1) * len(sizes), "measuring verification costs", unit="batches", quiet=True)
-    with bar:
-
-        def round_of_timings() -> list[float]:
+    with Progress((repeats + 1) * len(sizes), "measuring verification costs", unit="batches",
+                  quiet=not progress) as bar:
+        for r in range(repeats + 1):  # round 0 warms up: caches, page faults, thread pools
             row = []
             for k in sizes:
                 dt = float(time_batch(k))
-                if not (dt > 0 and np.isfinite(dt)):
+                if not (dt > 0 and math.isfinite(dt)):
                     raise ValueError(f"time_batch({k}) returned {dt!r}: expected positive finite seconds")
                 row.append(dt)
-                if progress and bar.quiet and bar.elapsed >= SHOW_PROGRESS_AFTER:
-                    bar.quiet = False
                 bar.update(1)
-            return row
-
-        round_of_timings()  # a warm-up round: caches, page faults, thread pools
-        while True:
-            for _ in range(repeats):
-                rows.append(round_of_timings())
-                if budget is not None and len(rows) >= MIN_ROUNDS and time.perf_counter() - t0 > budget:
-                    break
-            spread = float(np.max(_spread(np.asarray(rows))))
-            noisy = spread > max_spread
-            over_budget = budget is not None and time.perf_counter() - t0 > budget
-            if not noisy or len(rows) + repeats > max_rounds or over_budget:
-                break
-            bar.total += repeats * len(sizes)
-        bar.total = bar.n  # a budget may end it early: the bar ends full
+            if r:
+                rows.append(row)
     samples = np.asarray(rows)
     medians = [float(x) for x in np.median(samples, axis=0)]
-    if noisy and progress:
-        print(f"verification costs: timings of one batch size varied by {spread:.0%} over {len(rows)} rounds "
-              "(another process on the CPU?); using their medians for now, measured again next time",
-              file=sys.stderr)
+    q1, q3 = np.percentile(samples, [25, 75], axis=0)
+    spread = float(np.max((q3 - q1) / np.asarray(medians)))
     curve = np.interp(np.arange(1, max_batch + 1), sizes, non_decreasing(medians))
     return Calibration(costs=[float(c) for c in curve], sizes=sizes, medians=medians, rounds=len(rows),
-                       spread=spread, noisy=noisy, seconds=time.perf_counter() - t0)
+                       spread=spread, seconds=time.perf_counter() - t0)
 
 
-# costs measured in this process but too noisy to keep on disk: measured once per process
-_NOISY: dict[str, list[float]] = {}
-# the curves this process measured again because NGRAMCACHE_RECALIBRATE asked for it
-_RECALIBRATED: set[str] = set()
+# ---------------------------------------------------------------------------------
+# Learning while decoding
 
 
-def recalibrate_requested() -> bool:
-    """Whether ``NGRAMCACHE_RECALIBRATE`` asks for every stored curve to be measured again
-    (once per process): ``1`` yes, ``0`` or unset no; anything else is a ValueError."""
-    value = os.environ.get("NGRAMCACHE_RECALIBRATE", "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"NGRAMCACHE_RECALIBRATE must be 0 or 1, got {value!r}")
-    return value == "1"
+class LearnedCosts:
+    """A verification cost curve, ``curve()[k-1]`` = cost of a batch of k tokens / cost of
+    one, learnt from the verification times decoding reports.
 
+    It starts as ``prior`` (seconds or ratios, only ratios matter). :meth:`observe` takes
+    each verification's size and wall time; per batch size the last ``window`` times are
+    kept, a time beyond ``spike`` times its size's median counted as that (the process
+    descheduled for a while: a busy machine makes the curve noisy, not wrong). Once
+    ``MIN_PLAIN`` one-token steps have been timed, their median is the unit; a size's
+    ratio is its median over the unit, shrunk towards the prior as if the prior were
+    ``PRIOR_SAMPLES`` of its times. Sizes never verified follow the prior with its extra
+    cost over one token scaled as the verified sizes say. The curve never falls with k.
 
-def stored_costs(key: CostKey | None, measure: Callable[[int], Calibration], max_batch: int,
-                 refresh: bool = False, path: str | None = None) -> list[float]:
-    """Costs of batches of 1..``max_batch`` tokens: the stored ones under ``key`` if they
-    reach ``max_batch``, else ``measure(max_batch)``, kept under ``key`` unless noisy
-    (noisy costs are reused by this process only). ``key`` None: measured every time.
-    ``refresh``: measure again; ``NGRAMCACHE_RECALIBRATE=1`` does the same for each key once
-    in this process (a stored curve can be right for the machine as it was, not as it is: a
-    curve too flat makes the gate draft where drafting loses). An unwritable store only costs
-    a new measurement later."""
-    max_batch = check_int("max_batch", max_batch, 1)
-    name = None if key is None else str(key)
-    if name is not None and name not in _RECALIBRATED and recalibrate_requested():
-        refresh = True
-        _RECALIBRATED.add(name)
-    if name is not None and not refresh:
-        for costs in (read_costs(name, path), _NOISY.get(name)):
-            if costs is not None and len(costs) >= max_batch:
-                return costs[:max_batch]
-    cal = measure(max_batch)
-    if name is not None:
-        if cal.noisy:
-            _NOISY[name] = list(cal.costs)
-        else:
-            _NOISY.pop(name, None)
+    With a ``key``, :meth:`save` keeps the curve in the store (atomically) for the next
+    process; a process saves what it learnt when it exits, and a gated drafter at the
+    start of each request. Safe to share between the threads of a server (a lock)."""
+
+    def __init__(self, prior: Sequence[float], *, key: CostKey | None = None, path: str | None = None,
+                 window: int = 64, spike: float = 3.0):
+        self.prior = [float(c) for c in check_costs(prior)]
+        self.key, self.path = key, path
+        self.window = check_int("window", window, MIN_PLAIN)
+        if not spike > 1.0:
+            raise ValueError(f"spike must be > 1, got {spike}")
+        self.spike = float(spike)
+        self._times = [deque(maxlen=self.window) for _ in self.prior]
+        self._medians: list[float | None] = [None] * len(self.prior)  # per size, as last computed
+        self._dirty: set[int] = set()  # sizes with times since their median was computed
+        self._curve = list(self.prior)
+        self._lock = threading.Lock()
+        self._changed = 0  # observations since the curve was last computed
+        #: verification times taken in so far
+        self.n_observed = 0
+        self._unsaved = 0  # observations since the last save
+        self._saved_at: float | None = None
+        #: grows whenever the curve changes, so that a gate knows to read it again
+        self.version = 0
+        if key is not None:
+            _SAVE_AT_EXIT.add(self)
+
+    @property
+    def size(self) -> int:
+        """The largest batch the curve covers."""
+        return len(self.prior)
+
+    @property
+    def learnt(self) -> bool:
+        """Whether the curve rests on this machine's times (the unit and at least one batch
+        size beyond one token), not on the prior alone."""
+        return len(self._times[0]) >= MIN_PLAIN and any(len(q) for q in self._times[1:])
+
+    def observe(self, n_tokens: int, seconds: float) -> None:
+        """A verification batch of ``n_tokens`` tokens took ``seconds``. Sizes beyond the
+        curve and times that are no positive finite number are left out."""
+        if not (1 <= n_tokens <= self.size) or not (seconds > 0 and math.isfinite(seconds)):
+            return
+        with self._lock:
+            i = n_tokens - 1
+            q, median = self._times[i], self._medians[i]
+            if len(q) >= MIN_PLAIN:
+                if median is None:  # the median is refreshed with the curve, every few steps
+                    median = self._medians[i] = statistics.median(q)
+                seconds = min(seconds, self.spike * median)
+            q.append(float(seconds))
+            self._dirty.add(i)
+            self.n_observed += 1
+            self._unsaved += 1
+            self._changed += 1
+
+    def curve(self) -> list[float]:
+        """The curve as learnt so far (a list of ``size`` ratios, the first 1.0)."""
+        # medians of a few dozen numbers per size: recomputed every few observations, not
+        # at every step
+        if self._changed >= 4 or (self._changed and self.n_observed < 64):
+            with self._lock:
+                new = self._compute()
+                self._changed = 0
+            if new != self._curve:
+                self._curve = new
+                self.version += 1
+        return self._curve
+
+    def _compute(self) -> list[float]:
+        for i in self._dirty:  # only the sizes that saw new times
+            self._medians[i] = statistics.median(self._times[i])
+        self._dirty.clear()
+        if len(self._times[0]) < MIN_PLAIN:
+            return self._curve
+        unit = self._medians[0]
+        seen = {}  # batch size -> (observed ratio, how many times)
+        for k in range(2, self.size + 1):
+            q = self._times[k - 1]
+            if q:
+                seen[k] = (self._medians[k - 1] / unit, len(q))
+        # the prior's extra cost over one token, scaled as the verified sizes say
+        num, den = float(PRIOR_SAMPLES), float(PRIOR_SAMPLES)
+        for k, (r, n) in seen.items():
+            extra = self.prior[k - 1] - 1.0
+            if extra > 0:
+                num += n * (r - 1.0) / extra
+                den += n
+        scale = max(0.0, num / den)
+        out = [1.0]
+        for k in range(2, self.size + 1):
+            guess = 1.0 + scale * (self.prior[k - 1] - 1.0)
+            r, n = seen.get(k, (guess, 0))
+            out.append((n * r + PRIOR_SAMPLES * guess) / (n + PRIOR_SAMPLES))
+        return [max(1.0, c) for c in non_decreasing(out)]
+
+    def save(self, at_most_every: float = 0.0) -> bool:
+        """Keep the curve in the store under ``key`` (atomically), if it has learnt anything
+        since the last save and the last save is ``at_most_every`` seconds old; True if it
+        wrote. An unwritable store is left alone."""
+        if self.key is None or not self._unsaved or not self.learnt:
+            return False
+        now = time.monotonic()
+        if self._saved_at is not None and now - self._saved_at < at_most_every:
+            return False
+        curve = self.curve()
+        self._unsaved, self._saved_at = 0, now
+        try:
+            write_costs(self.key, curve, self.path)
+        except OSError:
+            return False
+        return True
+
+    def replace(self, costs: Sequence[float]) -> None:
+        """Start again from ``costs`` (a measurement: seconds or ratios, at least ``size``
+        of them), forgetting the times seen, and keep it in the store at once."""
+        c = check_costs(costs)
+        if c.size < self.size:
+            raise ValueError(f"costs: {c.size} given, the curve covers {self.size} batch sizes")
+        with self._lock:
+            self.prior = [float(x) for x in c[: self.size]]
+            for q in self._times:
+                q.clear()
+            self._medians = [None] * self.size
+            self._dirty.clear()
+            self._curve, self._changed = list(self.prior), 0
+            self.version += 1
+        if self.key is not None:
             try:
-                write_costs(name, cal.costs, path)
+                write_costs(self.key, self.prior, self.path)
             except OSError:
                 pass
-    return list(cal.costs)
+
+    def describe(self) -> str:
+        """Where the curve comes from, in words."""
+        if self.learnt:
+            return f"learnt from {self.n_observed} verifications"
+        return "not measured here yet: the prior for this model"
+
+    def __repr__(self) -> str:
+        c = self.curve()
+        return f"<LearnedCosts cost({len(c)}) = {c[-1]:.2f}, {self.describe()}>"
+
+
+_SAVE_AT_EXIT: "weakref.WeakSet[LearnedCosts]" = weakref.WeakSet()
+
+
+@atexit.register
+def _save_at_exit() -> None:
+    for costs in list(_SAVE_AT_EXIT):
+        costs.save()
+
+
+# one curve per key and store in a process: every gate on one model learns into it
+_CURVES: dict[tuple[str, str], LearnedCosts] = {}
+_CURVES_LOCK = threading.Lock()
+
+
+def learned_costs(key: CostKey | None, max_batch: int, n_params: int | None = None,
+                  path: str | None = None, **options) -> LearnedCosts:
+    """The cost curve for batches of 1..``max_batch`` tokens of the model ``key`` names,
+    at once: the one this process already learns into, else the curve stored under
+    ``key``, else the package's prior for a model of ``key.backend`` with ``n_params``
+    parameters (``ngramcache.decoding.priors.cost_prior``), extended as
+    :func:`extend_costs` does where shorter. ``key`` None: a fresh curve, not kept.
+    ``options``: :class:`LearnedCosts`'s ``window`` and ``spike``."""
+    max_batch = check_int("max_batch", max_batch, 1)
+    if key is None:
+        return LearnedCosts(extend_costs(cost_prior("", n_params), max_batch), **options)
+    store = path or cost_store_path()
+    with _CURVES_LOCK:
+        have = _CURVES.get((str(key), store))
+        if have is not None and have.size >= max_batch:
+            return have
+        prior = have.curve() if have is not None else None
+        if prior is None:
+            for version in (STORE_VERSION,) + _OLD_VERSIONS:
+                prior = read_costs(key.versioned(version), path)
+                if prior is not None:
+                    break
+        if prior is None:
+            prior = cost_prior(key.backend, n_params)
+        costs = LearnedCosts(extend_costs(prior, max_batch), key=key, path=path, **options)
+        _CURVES[(str(key), store)] = costs
+        return costs
 
 
 def context_tokens(n: int, n_vocab: int) -> np.ndarray:
@@ -311,21 +453,3 @@ def extend_costs(costs: Sequence[float], n: int) -> list[float]:
     c = [float(x) for x in costs]
     step = c[-1] - c[-2] if len(c) > 1 else c[-1]
     return (c + [c[-1] + step * (i + 1) for i in range(n - len(c))])[:n]
-
-
-def gated_drafter(costs: Sequence[float] | None, drafter: str | None = None, n_draft: int = 16, *,
-                  gate_options: dict | None = None, gate: AdaptiveGate | None = None, **options):
-    """The drafter called ``drafter`` (``ngramcache.drafters.catalog``; None: its default)
-    proposing up to ``n_draft`` tokens, with an ``AdaptiveGate`` on ``costs`` (seconds to
-    verify 1, 2, ... tokens, extended by :func:`extend_costs` to ``n_draft + 1``) and
-    ``gate_options`` (the gate's keywords). ``costs`` None: no gate (every proposal is
-    verified whole). ``gate``: a gate that has already learnt (an earlier turn's) to go on
-    with instead of a new one. ``options``: the drafter's own keywords (None values left out)."""
-    from ngramcache.drafters.catalog import DEFAULT_DRAFTER, make_drafter
-
-    n_draft = check_int("n_draft", n_draft, 0)
-    if costs is None:
-        gate = None
-    elif gate is None or gate.max_len < n_draft:
-        gate = AdaptiveGate(extend_costs(costs, n_draft + 1), **(gate_options or {}))
-    return make_drafter(DEFAULT_DRAFTER if drafter is None else drafter, n_draft=n_draft, gate=gate, **options)

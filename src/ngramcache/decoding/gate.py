@@ -1,346 +1,215 @@
-"""How much of a draft is worth verifying: the adaptive gate.
+"""How much of a draft is worth verifying: the one admission policy of ngramcache.
 
-Verifying k drafted tokens costs more than verifying one token, and a draft pays only
-when enough of it is right. :class:`AdaptiveGate` weighs the two: it knows what
-verifying a batch of k tokens costs on this model (``costs``, e.g. from
-``ngramcache.integrations.llama.verify_costs``) and learns how often drafts have been right so far.
+Verifying k drafted tokens costs more than verifying one token, and a draft pays only when
+enough of it is right. A :class:`Gate` weighs the two for every proposal: it keeps the first
+k tokens, k in 0..L, that maximise the expected tokens per unit of time,
+
+    E(k) / cost(k + 1),   E(k) = 1 + p_1 + p_1 p_2 + ... + p_1 ... p_k,
+
+and drafts only when that beats a plain step (rate 1) by ``min_gain``. ``cost`` is a
+:class:`~ngramcache.decoding.costs.LearnedCosts` curve (learnt from the verification times
+while decoding); ``p_j`` is the chance that drafted token j is right given the ones before
+it, learnt per state (the proposal's source, its match length, whether the previous
+proposal's first token was right) from every proposal scored against what followed, the
+declined ones too, and starting from the package's priors (``ngramcache.decoding.priors``).
+One bound keeps a wrong estimate cheap: a draft may cost at most ``risk`` one-token steps
+beyond a plain step, a bound doubled by each draft kept whole and halved (not below
+``risk``) by one whose first token was wrong.
+
+:class:`GateSettings` is every setting; :class:`GatedDrafter` puts a gate in front of any
+drafter, and is what the decoding loops and the commands use. docs/gate.md explains it.
 """
 
 from __future__ import annotations
 
+import enum
 import math
+import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from ngramcache._validate import check_int
+from ngramcache._prefix import accepted_prefix
+from ngramcache._validate import as_tokens, check_int
+from ngramcache.decoding.costs import LearnedCosts, check_costs, extend_costs, learned_costs
+from ngramcache.decoding.priors import FLAT_PRIOR, N_STATES, acceptance_means, state_index
+from ngramcache.defaults import N_DRAFT
+from ngramcache.drafters.base import Drafter, DraftStats, Proposal, Source
 
-__all__ = ["AdaptiveGate", "VerifyTimes", "check_costs", "expected_rate"]
+__all__ = ["Gate", "GateSettings", "GatedDrafter", "Priors", "expected_rate", "gated_drafter", "why_no_drafts"]
 
-#: how many expected hits the scaling of the priors by this text's hits counts as already seen
-PRIOR_WEIGHT = 4.0
 #: the highest prior estimate: no draft position is ever taken as certain
 MAX_PRIOR = 0.995
 
-
-class VerifyTimes:
-    """This machine's verification times as decoding meets them, against the measured curve.
-
-    A stored cost curve is the machine as it was when it was measured: another process, a
-    different power state or a longer context can make batches dearer (or cheaper) against
-    one-token steps than the curve says, and a gate on a curve that is too flat drafts at a
-    loss. Each verification's wall time is reported to :meth:`observe` with the curve's
-    cost for its size; from them comes ``scale``, the factor by which the curve's extra cost
-    of a batch over one token is multiplied: ``cost'(k) = 1 + scale * (cost(k) - 1)``.
-
-    ``scale`` is 1 until ``min_plain`` one-token steps have been timed (their median is the
-    unit the batches are measured in; batches before it are not used) and is shrunk towards 1 while little has been seen: the batches'
-    observed extra cost counts against ``weight`` one-token steps of extra cost at the
-    curve's value. Every observation, plain steps included, ages what was seen before
-    (``decay``), so the scale follows a machine that changes, and returns towards the curve
-    when a gate, put off by a bad stretch, stops drafting. A time over twice the expected one
-    (the process descheduled, a collection) counts as twice.
-    Several gates on one model (a server's conversations) may share one ``VerifyTimes``.
-    """
-
-    #: a time beyond this many times the expected one counts as this many
-    SPIKE = 2.0
-
-    def __init__(self, decay: float = 0.98, weight: float = 16.0, min_plain: int = 5):
-        if not 0.0 < decay <= 1.0:
-            raise ValueError(f"decay must be in (0, 1], got {decay}")
-        if weight <= 0:
-            raise ValueError(f"weight must be > 0, got {weight}")
-        self.decay, self.weight = float(decay), float(weight)
-        self.min_plain = check_int("min_plain", min_plain, 1)
-        self.scale = 1.0
-        #: grows whenever ``scale`` changes, so that a gate knows to rescale its curve
-        self.version = 0
-        self._plain_s = self._plain_n = 0.0  # one-token steps: decayed seconds, count
-        self._first: list[float] = []  # the first min_plain one-token steps: their median is the first unit
-        self._batch_s = self._batch_n = self._batch_extra = 0.0  # batches: seconds, count, curve's extra cost
-
-    @property
-    def plain_seconds(self) -> float | None:
-        """The mean time of a one-token step so far (None before ``min_plain`` of them)."""
-        return self._plain_s / self._plain_n if self._plain_n > 0 else None
-
-    def observe(self, n_tokens: int, seconds: float, curve_cost: float) -> None:
-        """A verification batch of ``n_tokens`` took ``seconds``; the curve says it costs
-        ``curve_cost`` one-token steps."""
-        if not (seconds > 0 and math.isfinite(seconds)) or n_tokens < 1:
-            return
-        unit = self.plain_seconds
-        if unit is None:
-            # no unit to measure batches in yet; the first steps' median, so that one slow
-            # step among them does not set it
-            if n_tokens == 1:
-                self._first.append(seconds)
-                if len(self._first) >= self.min_plain:
-                    self._plain_s = float(np.median(self._first)) * len(self._first)
-                    self._plain_n = float(len(self._first))
-            return
-        d = self.decay
-        self._plain_s *= d
-        self._plain_n *= d
-        self._batch_s *= d
-        self._batch_n *= d
-        self._batch_extra *= d
-        if n_tokens == 1:
-            self._plain_s += min(seconds, self.SPIKE * unit)
-            self._plain_n += 1.0
-        else:
-            self._batch_s += min(seconds, self.SPIKE * unit * (1.0 + self.scale * (curve_cost - 1.0)))
-            self._batch_n += 1.0
-            self._batch_extra += curve_cost - 1.0
-        unit = self.plain_seconds
-        seen_extra = self._batch_s / unit - self._batch_n
-        scale = min(4.0, max(0.25, (seen_extra + self.weight) / (self._batch_extra + self.weight)))
-        if abs(scale - self.scale) > 0.01 * self.scale:
-            self.scale = scale
-            self.version += 1
+_EMPTY = np.zeros(0, dtype=np.int32)
 
 
-def check_costs(costs) -> np.ndarray:
-    """``costs`` (``costs[k-1]``: the time to verify k tokens) relative to ``costs[0]``;
-    ValueError unless it is a non-empty 1-D sequence of positive finite numbers."""
-    c = np.asarray(costs, dtype=np.float64)
-    if c.ndim != 1 or c.size < 1:
-        raise ValueError("costs: expected a 1-D sequence, costs[k-1] = time to verify k tokens")
-    if not np.all(np.isfinite(c)) or np.any(c <= 0):
-        raise ValueError("costs: every verification cost must be a positive finite number")
-    return c / c[0]
+class Priors(enum.Enum):
+    """What a state's estimate is before the state has been seen."""
+
+    TABLE = "table"  #: the package's table of how often drafts in each state were right
+    FLAT = "flat"    #: one in three for every state, shrunk towards what all states saw
 
 
-class AdaptiveGate:
-    """Chooses how many drafted tokens to verify.
+@dataclass(frozen=True)
+class GateSettings:
+    """Every setting of the gate (docs/gate.md).
 
-    ``costs[k-1]`` is the time to verify a batch of k tokens (the last verified token
-    plus k-1 drafted ones); only ratios matter. For a proposal of length L the gate
-    keeps the first k tokens, k in 0..L, that maximise expected tokens per unit of
-    time, ``E(k) / cost(k+1)`` with ``E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j``, where
-    ``p_j`` is the estimated chance that drafted token j is right given that the
-    tokens before it were. k = 0 (plain decoding) wins whenever no draft is expected
-    to pay for its verification.
+    ``min_gain`` (fraction, default 0.05): how much a draft's expected rate must beat a plain
+    step's by; the estimates that trigger a draft are the lucky ones.
+    ``decay`` (per scored token, default 0.97): how fast old evidence fades, so that the gate
+    follows a text that turns from copying to writing.
+    ``prior_weight`` (observations, default 4.0): how many observations a state's prior counts
+    as against the state's own; also how many expected hits the scaling of the priors by this
+    text counts as already seen.
+    ``priors`` (default ``Priors.TABLE``): where a state's estimate starts.
+    ``risk`` (one-token steps, default 2.0; None: no bound): what the first draft may cost
+    beyond a plain step.
+    ``learn_costs`` (default True): refine the cost curve from the verification times; False
+    decides on the curve as given.
+    ``cost_window`` (verification times per batch size, default 64) and ``spike`` (multiples
+    of a batch size's median, default 3.0): how the curve is learnt
+    (:class:`~ngramcache.decoding.costs.LearnedCosts`)."""
 
-    The ``p_j`` are learnt per state (where the proposal came from, how long the match
-    or proposal was, and whether the previous proposal's first token was right) and
-    decay so that the gate follows changes within a generation. Every proposal is scored
-    against the tokens that really followed, including the proposals the gate declined,
-    so skipping does not stop learning.
+    min_gain: float = 0.05
+    decay: float = 0.97
+    prior_weight: float = 4.0
+    priors: Priors = Priors.TABLE
+    risk: float | None = 2.0
+    learn_costs: bool = True
+    cost_window: int = 64
+    spike: float = 3.0
 
-    Before a state has been seen, its estimate is its prior. ``priors="default"`` (the
-    default) is a table of how often drafts in each state and at each position were right
-    on a varied set of prompts and models (``ngramcache.decoding.gate_priors``): a copy
-    that continues a 30-token match is drafted long from the first step, a one-token
-    match is not drafted at all. That prior is scaled down by how this text is going: the
-    hits seen over all states against the hits the priors expected, when fewer. ``priors=None``: one
-    flat Beta ``prior`` for every state, shrunk towards the estimate pooled over states;
-    then ``carry_forward=True`` estimates a position no proposal has reached yet from the
-    furthest position reached, so draft lengths grow at once where long drafts have been
-    right (for verifiers whose long batches are cheap).
+    def __post_init__(self):
+        if not (self.min_gain >= 0 and math.isfinite(self.min_gain)):
+            raise ValueError(f"min_gain must be a finite number >= 0, got {self.min_gain}")
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+        if not (self.prior_weight > 0 and math.isfinite(self.prior_weight)):
+            raise ValueError(f"prior_weight must be a finite number > 0, got {self.prior_weight}")
+        if not isinstance(self.priors, Priors):
+            raise TypeError(f"priors must be a Priors ({', '.join(p.name for p in Priors)}), got {self.priors!r}")
+        if self.risk is not None and not (self.risk > 0):
+            raise ValueError(f"risk must be > 0 or None, got {self.risk}")
+        check_int("cost_window", self.cost_window, 5)
+        if not self.spike > 1.0:
+            raise ValueError(f"spike must be > 1, got {self.spike}")
 
-    Two checks keep a wrong estimate from costing much. The cost curve is checked against
-    what this run's verifications really take (``verify_times``, a :class:`VerifyTimes`;
-    loops report each batch through ``observe_verify``), so a stored curve that is flatter
-    than the machine now does not go on drafting at a loss. And what the drafts have gained
-    or lost against plain decoding so far (``profit``, in one-token steps, reported through
-    ``settled``) raises the margin a draft must beat plain by while it is negative
-    (``loss_scale``, ``loss_decay``, ``max_margin``). A third bounds the loss of a single
-    draft: what a draft may cost beyond a plain step starts at ``risk`` one-token steps and
-    doubles with each draft kept whole (where batches are cheap, as with transformers on a
-    CPU or any GPU, the bound does not bind).
-    """
 
-    #: proposal lengths (or match lengths) are bucketed: 1, 2-3, 4-7, 8+
-    _LEN_BUCKETS = (1, 2, 4, 8)
-    #: where a proposal came from: 0 lookup caches, 1 a copy of an earlier span, 2 the
-    #: most frequent continuation of a suffix match (SuffixDrafter)
-    N_SOURCES = 3
+class Gate:
+    """The admission policy (module docstring) on one cost curve.
 
-    def __init__(self, costs: Sequence[float], decay: float = 0.97, prior: tuple[float, float] = (1.0, 2.0),
-                 shrink: float = 4.0, overhead: float = 0.0, min_gain: float = 0.05, carry_forward: bool = False,
-                 priors: str | None = "default", verify_times: VerifyTimes | bool = True,
-                 loss_scale: float = 2.5, loss_decay: float = 0.99, max_margin: float = 0.2,
-                 risk: float | None = 2.0):
-        self.costs = check_costs(costs)
-        if verify_times is True:
-            verify_times = VerifyTimes()
-        elif verify_times is not False and not isinstance(verify_times, VerifyTimes):
-            raise TypeError(f"verify_times must be a VerifyTimes, True or False, got {type(verify_times).__name__}")
-        # the curve checked against this run's own verification times (False: the curve as given)
-        self.verify_times = verify_times or None
-        self._scale_version = -1
-        if not 0.0 < decay <= 1.0:
-            raise ValueError(f"decay must be in (0, 1], got {decay}")
-        if prior[0] <= 0 or prior[1] <= 0:
-            raise ValueError(f"prior: both Beta parameters must be > 0, got {prior}")
-        if shrink < 0:
-            raise ValueError(f"shrink must be >= 0, got {shrink}")
-        if overhead < 0:
-            raise ValueError(f"overhead must be >= 0, got {overhead}")
-        if min_gain < 0:
-            raise ValueError(f"min_gain must be >= 0, got {min_gain}")
-        # drafting only when it is expected to beat plain decoding by this much: the
-        # estimates that trigger a draft are the lucky ones (the winner's curse)
-        self.min_gain = float(min_gain)
-        if not loss_scale > 0:
-            raise ValueError(f"loss_scale must be > 0, got {loss_scale}")
-        if not 0.0 < loss_decay <= 1.0:
-            raise ValueError(f"loss_decay must be in (0, 1], got {loss_decay}")
-        if max_margin < 0:
-            raise ValueError(f"max_margin must be >= 0, got {max_margin}")
-        # drafts that have lost time in this text (one-token steps against plain decoding,
-        # ``profit`` below zero) raise the margin a draft must beat plain by to
-        # min_gain + deficit / loss_scale, at most ``max_margin`` (never below min_gain): a
-        # gate whose estimates have been too hopeful here sends only its surest drafts until
-        # the deficit has decayed (``loss_decay`` a step) or been won back.
-        self.loss_scale = float(loss_scale)
-        self.loss_decay = float(loss_decay)
-        self.max_margin = float(max_margin)
-        self.profit = 0.0
-        if risk is not None and not risk > 0:
-            raise ValueError(f"risk must be > 0 or None, got {risk}")
-        # what a draft may cost beyond a plain step (one-token steps lost if its first token is
-        # wrong): ``risk`` at first, doubled by each draft kept whole, halved (not below
-        # ``risk``) by each draft whose first token was wrong. One long draft that fails can
-        # cost a short answer a quarter of its time; None: no bound
-        self.risk = None if risk is None else float(risk)
-        self._risk = self.risk
-        self.decay = float(decay)
-        self.prior = (float(prior[0]), float(prior[1]))
-        self.shrink = float(shrink)
-        self.overhead = float(overhead)  # cost of one proposal, in units of a 1-token verify
-        # positions no proposal has reached yet take the estimate of the furthest one that
-        # has been reached, not the prior: a copy that has been right for 12 tokens tends to
-        # stay right, and where verifying long batches costs little more than short ones
-        # (a float32 model on a CPU) the prior would hold drafts back for many steps
-        self.carry_forward = bool(carry_forward)
-        self.max_len = self.costs.size - 1
-        if priors is None:
-            self._prior_means = None
-        elif priors == "default":
-            from ngramcache.decoding.gate_priors import prior_means
+    ``costs``: a :class:`~ngramcache.decoding.costs.LearnedCosts` (shared by every gate on
+    one model), or a sequence (``costs[k-1]``: the time to verify k tokens; only ratios
+    matter), learnt from this gate's verifications only. ``settings``: :class:`GateSettings`."""
 
-            self._prior_means = prior_means(self.max_len + 1)
-        else:
-            raise ValueError(f"priors must be 'default' or None, got {priors!r}")
-        # the hits the priors expected for the proposals scored so far, decayed as the hits
-        self._pool_expected = [0.0] * (self.max_len + 1)
-        n_states = len(self._LEN_BUCKETS) * 3 * self.N_SOURCES
-        # hits/trials per (state, position), position j = drafted token j+1. Plain lists:
-        # at most a few dozen numbers per step, where numpy's per-call cost would dominate.
-        self._cost = [float(c) for c in self.costs]
-        self._hits = [[0.0] * (self.max_len + 1) for _ in range(n_states)]
-        self._trials = [[0.0] * (self.max_len + 1) for _ in range(n_states)]
-        self._pool_hits = [0.0] * (self.max_len + 1)
-        self._pool_trials = [0.0] * (self.max_len + 1)
+    def __init__(self, costs: LearnedCosts | Sequence[float], settings: GateSettings = GateSettings()):
+        if not isinstance(settings, GateSettings):
+            raise TypeError(f"settings must be a GateSettings, got {type(settings).__name__}")
+        self.settings = settings
+        if not isinstance(costs, LearnedCosts):
+            costs = LearnedCosts(check_costs(costs), window=settings.cost_window, spike=settings.spike)
+        self.costs = costs
+        self.max_len = costs.size - 1
+        self._version = -1
+        self._cost = list(costs.prior)
+        self._risk = settings.risk
+        n = self.max_len + 1
+        self._prior_means = acceptance_means(n) if settings.priors is Priors.TABLE else None
+        # hits/trials per (state, position), position j = drafted token j+1; plain lists: a few
+        # dozen numbers a step, where numpy's per-call cost would dominate
+        self._hits = [[0.0] * n for _ in range(N_STATES)]
+        self._trials = [[0.0] * n for _ in range(N_STATES)]
+        self._pool_hits = [0.0] * n
+        self._pool_trials = [0.0] * n
+        self._pool_expected = [0.0] * n  # the hits the priors expected for the same proposals
 
-    def state(self, proposal_len: int, prev: int, source: int = 0) -> int:
-        """State index from the proposal's length (for copies: the length of the match
-        it continues), the previous outcome (0: previous first token wrong, 1: right,
-        2: no previous proposal) and the source (0 lookup, 1 copy, 2 suffix)."""
-        b = 0
-        for i, lo in enumerate(self._LEN_BUCKETS):
-            if proposal_len >= lo:
-                b = i
-        return (source * len(self._LEN_BUCKETS) + b) * 3 + prev
+    # -- the curve
+
+    def curve(self) -> list[float]:
+        """The cost curve the gate decides on now (``cost(k) / cost(1)``)."""
+        if not self.settings.learn_costs:
+            return self._cost
+        c = self.costs.curve()
+        if self.costs.version != self._version:
+            self._version, self._cost = self.costs.version, c
+        return self._cost
+
+    def verified(self, n_tokens: int, seconds: float) -> None:
+        """A verification of ``n_tokens`` tokens (the last settled token and ``n_tokens - 1``
+        drafted ones) took ``seconds``: the curve learns from it."""
+        if self.settings.learn_costs:
+            self.costs.observe(n_tokens, seconds)
+
+    # -- the estimates
+
+    @staticmethod
+    def state(confidence: int, previous: int, source: Source) -> int:
+        """The state of a proposal (``ngramcache.decoding.priors.state_index``)."""
+        return state_index(confidence, previous, source)
 
     def probabilities(self, state: int, n: int) -> np.ndarray:
         """Estimated conditional acceptance of drafted tokens 1..n in ``state``."""
         return np.asarray(self._probs(state, min(n, self.max_len + 1)))
 
     def _probs(self, state: int, n: int) -> list[float]:
-        a, b = self.prior
-        w = self.shrink
+        w = self.settings.prior_weight
         h, t = self._hits[state], self._trials[state]
         ph, pt = self._pool_hits, self._pool_trials
-        if self._prior_means is not None:
-            m, pe = self._prior_means[state], self._pool_expected
-            out = []
-            for j in range(n):
-                # this text against the priors' expectation, shrunk to 1 while little is seen.
-                # Only ever down: hits beyond the expected come from the states that copy
-                # well (long matches) and say nothing of the others; a state's own hits
-                # raise its own estimate.
-                scale = min(1.0, (ph[j] + PRIOR_WEIGHT) / (pe[j] + PRIOR_WEIGHT))
-                target = min(MAX_PRIOR, m[j] * scale)
-                out.append((h[j] + w * target) / (t[j] + w))
-            return out
-        if not self.carry_forward:
-            return [(h[j] + w * (ph[j] + a) / (pt[j] + a + b)) / (t[j] + w) for j in range(n)]
-        out, est = [], a / (a + b)
+        if self._prior_means is None:
+            return [(h[j] + w * (ph[j] + FLAT_PRIOR) / (pt[j] + 1.0)) / (t[j] + w) for j in range(n)]
+        m, pe = self._prior_means[state], self._pool_expected
+        out = []
         for j in range(n):
-            if pt[j] >= 1.0 or t[j] >= 1.0:  # reached by proposals (the counts decay)
-                est = (h[j] + w * (ph[j] + a) / (pt[j] + a + b)) / (t[j] + w)
-            out.append(est)
+            # this text's hits against the priors' expectation, only ever down: hits beyond
+            # the expected come from the states that copy well and say nothing of the others
+            scale = min(1.0, (ph[j] + w) / (pe[j] + w))
+            out.append((h[j] + w * min(MAX_PRIOR, m[j] * scale)) / (t[j] + w))
         return out
+
+    # -- the decision
 
     def choose(self, state: int, available: int) -> int:
         """How many of ``available`` drafted tokens to verify (0 = do not draft)."""
         k_max = min(available, self.max_len)
         if k_max <= 0:
             return 0
-        vt = self.verify_times
-        if vt is not None and vt.version != self._scale_version:
-            self._scale_version = vt.version
-            self._cost = [1.0 + vt.scale * (float(c) - 1.0) for c in self.costs]
-        margin = self.min_gain
-        if self.profit < 0:
-            margin = max(margin, min(self.max_margin, margin - self.profit / self.loss_scale))
-        best_k, best_rate = 0, 1.0 + margin  # plain decoding: 1 token per unit of cost
-        expected, run = 1.0, 1.0
-        cost = self._cost
+        cost = self.curve()
         if self._risk is not None:
             while k_max > 0 and cost[k_max] - 1.0 > self._risk:
                 k_max -= 1
+        best_k, best_rate = 0, 1.0 + self.settings.min_gain  # plain decoding: 1 token per unit of cost
+        expected, run = 1.0, 1.0
         for j, p in enumerate(self._probs(state, k_max)):
             run *= p
             expected += run
-            rate = expected / (cost[j + 1] + self.overhead)
+            rate = expected / cost[j + 1]
             if rate > best_rate:
                 best_k, best_rate = j + 1, rate
         return best_k
 
-    @property
-    def effective_costs(self) -> np.ndarray:
-        """The cost curve the gate decides on: ``costs`` with its extra cost of a batch
-        over one token scaled by what this run's verifications took (``verify_times``)."""
-        s = self.verify_times.scale if self.verify_times is not None else 1.0
-        return 1.0 + s * (self.costs - 1.0)
-
-    def observe_verify(self, n_tokens: int, seconds: float) -> None:
-        """A verification of ``n_tokens`` tokens (the last settled token and ``n_tokens - 1``
-        drafted ones) took ``seconds``: checks the cost curve against it (``verify_times``).
-        Batches beyond the curve are not used."""
-        if self.verify_times is not None and 1 <= n_tokens <= self.costs.size:
-            self.verify_times.observe(n_tokens, seconds, float(self.costs[n_tokens - 1]))
-
     def settled(self, k: int, n_accepted: int) -> None:
-        """A draft of ``k`` tokens was verified and ``n_accepted`` of them kept (``k`` 0: a
-        plain step): what it gained over plain decoding (``1 + n_accepted`` tokens for
-        ``cost(k + 1)``) is added to ``profit``, which decays by ``loss_decay`` a step, and
-        the bound on the next draft's loss (``risk``) grows or shrinks with it."""
-        self.profit *= self.loss_decay
-        if 0 < k <= self.max_len:
-            self.profit += 1.0 + n_accepted - self._cost[k]
-            if self.risk is not None:
-                if n_accepted >= k:
-                    self._risk = min(2.0 * self._risk, 1e9)
-                elif n_accepted == 0:
-                    self._risk = max(self.risk, self._risk / 2.0)
+        """A draft of ``k`` tokens was verified and ``n_accepted`` of them kept: the bound on
+        the next draft grows (kept whole) or shrinks (first token wrong)."""
+        if self._risk is None or not 0 < k <= self.max_len:
+            return
+        if n_accepted >= k:
+            # past the curve's longest batch the bound cannot bind: it need not grow further
+            self._risk = min(2.0 * self._risk, self.curve()[-1])
+        elif n_accepted == 0:
+            self._risk = max(self.settings.risk, self._risk / 2.0)
 
     def observe(self, state: int, n_right: int, n_scored: int, start: int = 0) -> None:
-        """Drafted tokens ``start+1 .. start+n_scored`` of a proposal made in ``state``
-        were compared with what followed: the first ``n_right`` of them were right
-        (``n_right < n_scored``: the next one was wrong). Tokens before ``start`` were
-        reported earlier (proposals are scored as the text arrives)."""
+        """Drafted tokens ``start+1 .. start+n_scored`` of a proposal made in ``state`` were
+        compared with what followed: the first ``n_right`` of them were right (``n_right <
+        n_scored``: the next one was wrong)."""
         end = min(start + n_scored, self.max_len + 1)
         n_right = min(n_right, end - start)
         if end <= start:
             return
         tried = start + n_right + (1 if start + n_right < end else 0)
-        d = self.decay
+        d = self.settings.decay
         h, t = self._hits[state], self._trials[state]
         ph, pt, pe = self._pool_hits, self._pool_trials, self._pool_expected
         m = self._prior_means[state] if self._prior_means is not None else None
@@ -352,6 +221,202 @@ class AdaptiveGate:
             pt[j] = pt[j] * d + 1.0
             if m is not None:
                 pe[j] = pe[j] * d + m[j]
+
+    def __repr__(self) -> str:
+        c = self.curve()
+        return f"<Gate cost({len(c)}) = {c[-1]:.2f}, {self.costs.describe()}>"
+
+
+class GatedDrafter:
+    """A ``Drafter`` that puts ``gate`` in front of ``drafter``: each step it asks the drafter
+    for one proposal (``drafter.proposal(n)``, or ``propose`` for a drafter of the bare
+    protocol: a lookup whose confidence is its length), lets the gate cut it, scores it
+    against the tokens that really follow, and hands the verification times to the gate.
+    ``stats`` counts what was handed to the verifier; ``offered`` the proposals the drafter
+    made, ``declined`` those the gate cut to nothing."""
+
+    def __init__(self, drafter: Drafter, gate: Gate):
+        if not isinstance(drafter, Drafter):
+            raise TypeError(f"drafter must implement the Drafter protocol, got {type(drafter).__name__}")
+        if not isinstance(gate, Gate):
+            raise TypeError(f"gate must be a Gate, got {type(gate).__name__}")
+        self.drafter, self.gate = drafter, gate
+        self._stats = DraftStats()
+        self._last = _EMPTY
+        self._first: int | None = None
+        self._prev = 2  # previous proposal's first token: 0 wrong, 1 right, 2 no proposal
+        self._n = 0  # tokens in the sequence
+        # proposals being scored: (start, tokens, state, scored); the tokens since the oldest
+        self._pending: list[tuple[int, np.ndarray, int, int]] = []
+        self._recent: list[int] = []
+        self._recent_start = 0
+        self.offered = self.declined = 0
+        self._first_scored = self._first_right = 0
+
+    @property
+    def n_draft(self) -> int:
+        """The longest proposal asked for: the drafter's own ``n_draft`` (the gate's longest
+        batch for a drafter without one)."""
+        return getattr(self.drafter, "n_draft", self.gate.max_len)
+
+    @property
+    def stats(self) -> DraftStats:
+        """Counters since the last ``reset``: what was handed to the verifier."""
+        return self._stats
+
+    def reset(self, prompt_tokens) -> None:
+        """Start a new sequence (the gate's estimates go on: a new request of the same kind)."""
+        t0 = time.perf_counter()
+        self.drafter.reset(prompt_tokens)
+        self._n = len(as_tokens(prompt_tokens, "prompt_tokens"))
+        self._last, self._first, self._prev = _EMPTY, None, 2
+        self._pending.clear()
+        self._recent, self._recent_start = [], self._n
+        self.offered = self.declined = self._first_scored = self._first_right = 0
+        # what the earlier requests learnt, for the next process (a server's requests: at most
+        # a write a minute)
+        self.gate.costs.save(at_most_every=60.0)
+        self._stats = DraftStats(draft_seconds=time.perf_counter() - t0)
+
+    def _proposal(self, n: int) -> Proposal:
+        step = getattr(self.drafter, "proposal", None)
+        if step is not None:
+            return step(n)
+        tokens = as_tokens(self.drafter.propose(n), "draft")[:n]
+        return Proposal(tokens, int(tokens.size), Source.LOOKUP)
+
+    def propose(self, n_max: int | None = None) -> np.ndarray:
+        """What of the drafter's proposal (up to ``n_max`` tokens) the gate expects to pay."""
+        t0 = time.perf_counter()
+        n = self.n_draft if n_max is None else min(check_int("n_max", n_max, 0), self.n_draft)
+        out, self._first = _EMPTY, None
+        if n > 0:
+            p = self._proposal(n)
+            cand = p.tokens
+            if cand.size:
+                self.offered += 1
+                self._first = int(cand[0])
+                state = self.gate.state(p.confidence, self._prev, p.source)
+                if not self._pending:
+                    self._recent, self._recent_start = [], self._n
+                self._pending.append((self._n, cand, state, 0))
+                k = self.gate.choose(state, int(cand.size))
+                if k == 0:
+                    self.declined += 1
+                    self._stats.skipped += 1
+                out = cand[:k]
+        self._last = out
+        if out.size:
+            self._stats.proposals += 1
+            self._stats.drafted += int(out.size)
+        self._stats.draft_seconds += time.perf_counter() - t0
+        return out
+
+    def accept(self, tokens) -> None:
+        """The tokens the verifier settled on since the last call."""
+        t0 = time.perf_counter()
+        new = as_tokens(tokens)
+        self.drafter.accept(new)
+        if new.size:
+            n_acc = accepted_prefix(self._last, new)
+            self._stats.accepted += n_acc
+            self.gate.settled(int(self._last.size), n_acc)
+            self._prev = 2 if self._first is None else int(int(new[0]) == self._first)
+            self._first = None
+            self._n += int(new.size)
+            if self._pending:
+                self._recent.extend(new.tolist())
+                self._score_pending()
+        self._last = _EMPTY
+        self._stats.draft_seconds += time.perf_counter() - t0
+
+    def verified(self, n_tokens: int, seconds: float) -> None:
+        """The verifier took ``seconds`` for a batch of ``n_tokens`` tokens: the gate's curve
+        learns from it."""
+        self.gate.verified(n_tokens, seconds)
+
+    def _score_pending(self) -> None:
+        # each pending proposal is scored on the tokens that arrived since, so that the gate
+        # learns at once, the declined proposals too
+        seq, base = self._recent, self._recent_start
+        keep = []
+        for start, cand, state, done in self._pending:
+            have = min(cand.size, self._n - start)
+            if have <= done:
+                keep.append((start, cand, state, done))
+                continue
+            truth = np.asarray(seq[start - base + done : start - base + have], dtype=np.int32)
+            right = accepted_prefix(cand[done:have], truth)
+            if done == 0:
+                self._first_scored += 1
+                self._first_right += int(right > 0)
+            self.gate.observe(state, right, right + 1 if right < have - done else right, start=done)
+            if right == have - done and have < cand.size:
+                keep.append((start, cand, state, have))
+        self._pending = keep
+        if keep:
+            drop = min(s for s, *_ in keep) - base
+            if drop > 0:
+                del self._recent[:drop]
+                self._recent_start += drop
+        else:
+            self._recent, self._recent_start = [], self._n
+
+    def why_no_drafts(self) -> str | None:
+        """One sentence on why nothing was drafted since the last ``reset``; None when
+        something was, or nothing could be (no step)."""
+        if self._stats.drafted:
+            return None
+        if not self.offered:
+            return ("nothing was drafted: the drafter found no earlier text that the output repeats, "
+                    "so it had nothing to propose")
+        curve = self.gate.curve()
+        k = min(len(curve), 2)
+        right = (f", and {self._first_right} of {self._first_scored} first proposed tokens were right"
+                 if self._first_scored else "")
+        return (f"nothing was drafted: the gate declined all {self.offered} proposals, none expected to beat a plain "
+                f"step by {self.gate.settings.min_gain:.0%} (verifying {k} tokens costs {curve[k - 1]:.2f}x one "
+                f"token on this machine, {self.gate.costs.describe()}{right})")
+
+    def __repr__(self) -> str:
+        return f"<GatedDrafter {self.drafter!r}, {self.gate!r}>"
+
+
+def why_no_drafts(drafter) -> str | None:
+    """:meth:`GatedDrafter.why_no_drafts` of ``drafter``; for an ungated drafter that drafted
+    nothing, why; None when it drafted."""
+    if drafter is None:
+        return None
+    if isinstance(drafter, GatedDrafter):
+        return drafter.why_no_drafts()
+    if getattr(drafter.stats, "drafted", 1) == 0:
+        return "nothing was drafted: the drafter found no earlier text that the output repeats"
+    return None
+
+
+def gated_drafter(costs: LearnedCosts | Sequence[float] | None, drafter: str | None = None, n_draft: int = N_DRAFT, *,
+                  settings: GateSettings = GateSettings(), gate: Gate | None = None, **options):
+    """The drafter called ``drafter`` (``ngramcache.drafters.catalog``; None: its default)
+    proposing up to ``n_draft`` tokens, behind a :class:`Gate` on ``costs`` (a
+    ``LearnedCosts``, or seconds to verify 1, 2, ... tokens, extended to ``n_draft + 1``)
+    with ``settings``. ``costs`` None: no gate (every proposal verified whole). ``gate``: a
+    gate that has already learnt (an earlier turn's) to go on with. ``options``: the
+    drafter's own keywords (None values left out)."""
+    from ngramcache.drafters.catalog import DEFAULT_DRAFTER, make_drafter
+
+    n_draft = check_int("n_draft", n_draft, 0)
+    inner = make_drafter(DEFAULT_DRAFTER if drafter is None else drafter, n_draft=n_draft, **options)
+    if costs is None:
+        return inner
+    if gate is None or gate.max_len < n_draft:
+        if not isinstance(costs, LearnedCosts):
+            costs = extend_costs(costs, n_draft + 1)
+        elif costs.size < n_draft + 1 and costs.key is not None:
+            # a longer draft than the curve covers (a request's own n_draft): the same
+            # model's curve, extended
+            costs = learned_costs(costs.key, n_draft + 1, path=costs.path)
+        gate = Gate(costs, settings)
+    return GatedDrafter(inner, gate)
 
 
 def expected_rate(p: Sequence[float], costs: Sequence[float], k: int) -> float:

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 
 from ngramcache._validate import as_tokens, check_int
-from ngramcache.decoding.prefix import accepted_prefix
+from ngramcache._prefix import accepted_prefix
 from ngramcache.decoding.sampling import Sampler, make_sampler
 from ngramcache.decoding.text_sink import TextSink
 from ngramcache.drafters.base import Drafter

@@ -8,13 +8,17 @@ Here: the ``Drafter`` protocol, its ``DraftStats``, ``SequenceDrafter`` (the boo
 every drafter shares, with three hooks for a drafter written in Python) and
 ``CoreSequenceDrafter``, the base of every drafter whose matching runs in the compiled core
 (its handle is ``_impl``, as for ``NgramCache`` and ``StaticTable``). The drafters
-themselves are in the sibling modules; ``ngramcache.drafters.registry`` names them. With an
-``ngramcache.decoding.gate.AdaptiveGate`` a drafter proposes only as much as is expected to
-pay for its verification.
+themselves are in the sibling modules; ``ngramcache.drafters.registry`` names them.
+
+A drafter is a leaf: it proposes, and says how sure it is and where the proposal came from
+(:meth:`SequenceDrafter.proposal`, a :class:`Proposal`). How much of a proposal is worth
+verifying is decided outside it, by the decoding layer's gate (``ngramcache.decoding.gate``),
+which wraps any drafter.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -22,13 +26,34 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ngramcache._validate import as_tokens, check_int
-from ngramcache.decoding.gate import AdaptiveGate
-from ngramcache.decoding.prefix import accepted_prefix
+from ngramcache._prefix import accepted_prefix
 from ngramcache.drafters.options import Option, check_n_draft, check_options
 
-__all__ = ["Drafter", "DraftStats", "SequenceDrafter", "CoreSequenceDrafter"]
+__all__ = ["Drafter", "DraftStats", "Proposal", "Source", "SequenceDrafter", "CoreSequenceDrafter"]
 
 _EMPTY = np.zeros(0, dtype=np.int32)
+
+
+class Source(enum.IntEnum):
+    """Where a proposal came from; the gate judges each source apart. The values are the
+    compiled core's (``CopyDrafter``'s ``source``)."""
+
+    LOOKUP = 0  #: n-gram counts (llama.cpp's lookup caches)
+    COPY = 1    #: the continuation of an earlier copy of the newest tokens
+    SUFFIX = 2  #: the most frequent continuation of a suffix match
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One step's proposal: the ``tokens``, the ``confidence`` the gate keys on (the length
+    of the match behind them, or of the proposal) and its ``source``."""
+
+    tokens: np.ndarray
+    confidence: int
+    source: Source
+
+
+_NO_PROPOSAL = Proposal(_EMPTY, 0, Source.LOOKUP)
 
 
 @dataclass
@@ -39,7 +64,7 @@ class DraftStats:
     accepted: int = 0         # of those, how many the verifier confirmed
     draft_seconds: float = 0.0  # time spent proposing and updating caches
     proposals: int = 0        # propose() calls that returned at least one token
-    skipped: int = 0          # proposals the gate judged not worth verifying
+    skipped: int = 0          # proposals a gate judged not worth verifying
 
     @property
     def acceptance(self) -> float:
@@ -58,7 +83,7 @@ class Drafter(Protocol):
 
     Optional: ``verified(n_tokens, seconds)``, the wall time of each verification batch
     (the last settled token and the draft), which ``ngramcache``'s loop and ``hf.generate``
-    report when the drafter has it (a gated drafter checks its cost curve against it).
+    report when the drafter has it (a gated drafter learns its cost curve from it).
     """
 
     def reset(self, prompt_tokens) -> None: ...
@@ -102,15 +127,14 @@ class _TokenBuffer:
 
 
 class SequenceDrafter:
-    """The bookkeeping every sequence-following drafter shares: the verified tokens,
-    the counters, and the adaptive gate (what the gate was told, and scoring each
-    proposal against what really followed).
+    """The bookkeeping every sequence-following drafter shares: the verified tokens and
+    the counters.
 
     A subclass provides three hooks: ``_reset_index()`` (the buffer was refilled from
     scratch), ``_appended(n_new)`` (``n_new`` verified tokens were appended) and
-    ``_candidates(n) -> (tokens, confidence, source)``: up to ``n`` proposed tokens,
-    the confidence the gate keys on (a proposal or match length) and the gate source
-    (see ``AdaptiveGate.state``).
+    ``_candidates(n) -> Proposal``: up to ``n`` proposed tokens with their confidence and
+    source. :meth:`proposal` is that step as the gate sees it (no counters touched);
+    :meth:`propose` hands the whole proposal to the verifier and counts it.
 
     ``OPTIONS`` (``Option`` objects) are the constructor's own settings and ``ORDERED`` the
     pairs ``(a, b)`` of them that need ``a <= b``; ``_set_options`` checks them and sets
@@ -120,18 +144,11 @@ class SequenceDrafter:
     OPTIONS: tuple[Option, ...] = ()
     ORDERED: tuple[tuple[str, str], ...] = ()
 
-    def __init__(self, n_draft: int, gate: AdaptiveGate | None = None):
+    def __init__(self, n_draft: int):
         self.n_draft = check_n_draft(n_draft)
-        if gate is not None and not isinstance(gate, AdaptiveGate):
-            raise TypeError(f"gate must be an AdaptiveGate or None, got {type(gate).__name__}")
-        self.gate = gate
         self._buf = _TokenBuffer()
         self._stats = DraftStats()
         self._last = _EMPTY  # the proposal awaiting verification
-        # proposals being scored against what really followed: (start, tokens, state, scored)
-        self._pending: list[tuple[int, np.ndarray, int, int]] = []
-        self._prev = 2  # previous proposal's first token: 0 wrong, 1 right, 2 no proposal
-        self._first: int | None = None
 
     def _set_options(self, **values) -> None:
         for name, value in check_options(self.OPTIONS, values, self.ORDERED).items():
@@ -158,30 +175,20 @@ class SequenceDrafter:
         self._reset_index()
         self._stats = DraftStats(draft_seconds=time.perf_counter() - t0)
         self._last = _EMPTY
-        self._pending.clear()
-        self._prev = 2
-        self._first = None
+
+    def proposal(self, n_max: int | None = None) -> Proposal:
+        """Up to ``min(n_max, n_draft)`` tokens to follow the sequence (``n_max`` None:
+        ``n_draft``), with their confidence and source: one step as a gate judges it. Counts
+        nothing; the tokens the verifier is then given are reported through ``accept``."""
+        n_max = check_int("n_max", n_max, 0, none_ok=True)
+        n = self.n_draft if n_max is None else min(n_max, self.n_draft)
+        return self._candidates(n) if n > 0 else _NO_PROPOSAL
 
     def propose(self, n_max: int | None = None) -> np.ndarray:
         """Up to ``min(n_max, n_draft)`` tokens to follow the sequence (``n_max`` None:
-        ``n_draft``); with a gate, only as many as are expected to pay."""
+        ``n_draft``), all handed to the verifier."""
         t0 = time.perf_counter()
-        n_max = check_int("n_max", n_max, 0, none_ok=True)
-        n = self.n_draft if n_max is None else min(n_max, self.n_draft)
-        out = _EMPTY
-        self._first = None
-        if n > 0:
-            cand, conf, source = self._candidates(n)
-            out = cand
-            if self.gate is not None and cand.size:
-                self._first = int(cand[0])
-                state = self.gate.state(conf, self._prev, source)
-                self._pending.append((self._buf.n, cand, state, 0))
-                k = self.gate.choose(state, int(cand.size))
-                if k < cand.size:
-                    if k == 0:
-                        self._stats.skipped += 1
-                    out = cand[:k]
+        out = self.proposal(n_max).tokens
         self._last = out
         if out.size:
             self._stats.proposals += 1
@@ -195,29 +202,11 @@ class SequenceDrafter:
         t0 = time.perf_counter()
         new = as_tokens(tokens)
         if new.size:
-            n_acc = accepted_prefix(self._last, new)
-            self._stats.accepted += n_acc
-            if self.gate is not None:
-                self.gate.settled(int(self._last.size), n_acc)
-            if self._first is not None:
-                self._prev = 1 if int(new[0]) == self._first else 0
-            elif self.gate is not None:
-                self._prev = 2
-            self._first = None
+            self._stats.accepted += accepted_prefix(self._last, new)
             self._buf.extend(new)
             self._appended(int(new.size))
-            if self._pending:
-                self._score_pending()
         self._last = _EMPTY
         self._stats.draft_seconds += time.perf_counter() - t0
-
-    def verified(self, n_tokens: int, seconds: float) -> None:
-        """The verifier took ``seconds`` for a batch of ``n_tokens`` tokens (the last settled
-        token and the draft): the gate checks its cost curve against it
-        (``AdaptiveGate.observe_verify``). Optional for a drafter; loops that time their
-        verifications call it when it is there."""
-        if self.gate is not None:
-            self.gate.observe_verify(n_tokens, seconds)
 
     def _reset_index(self) -> None:
         """Hook: the buffer was refilled from scratch."""
@@ -225,35 +214,20 @@ class SequenceDrafter:
     def _appended(self, n_new: int) -> None:
         """Hook: ``n_new`` tokens were appended to the buffer."""
 
-    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
-        """Hook: (up to ``n`` proposed tokens, confidence, gate source)."""
-        return _EMPTY, 0, 0
-
-    def _score_pending(self) -> None:
-        # score each pending proposal on the tokens that arrived since the last call,
-        # so that the gate learns at once even while it declines to draft
-        seq = self._buf.view()
-        keep = []
-        for start, cand, state, done in self._pending:
-            have = min(cand.size, self._buf.n - start)
-            if have <= done:
-                keep.append((start, cand, state, done))
-                continue
-            right = accepted_prefix(cand[done:have], seq[start + done : start + have])
-            self.gate.observe(state, right, right + 1 if right < have - done else right, start=done)
-            if right == have - done and have < cand.size:
-                keep.append((start, cand, state, have))
-        self._pending = keep
+    def _candidates(self, n: int) -> Proposal:
+        """Hook: up to ``n`` proposed tokens, their confidence and source."""
+        return _NO_PROPOSAL
 
 
 class CoreSequenceDrafter(SequenceDrafter):
     """A ``SequenceDrafter`` whose index and matching live in the compiled core: ``_impl``,
-    an object of the core's sequence protocol (``reset``, ``accept``, ``propose``,
-    ``confidence``) that sees the same verified tokens. A subclass sets ``self._impl`` in
-    its constructor and the gate source ``_SOURCE`` (see ``AdaptiveGate.state``).
+    an object of the core's sequence protocol (``reset``, ``accept``, ``step``) that sees
+    the same verified tokens. ``step(n)`` is one call per step: the proposal, its confidence
+    and its source (-1 where the drafter has one source only: the class's ``_SOURCE``).
+    A subclass sets ``self._impl`` in its constructor.
     ``ngramcache.replays.replay_drafter`` replays such a drafter entirely in C++."""
 
-    _SOURCE = 1
+    _SOURCE = Source.COPY
     _impl = None
 
     def _reset_index(self) -> None:
@@ -262,11 +236,10 @@ class CoreSequenceDrafter(SequenceDrafter):
     def _appended(self, n_new: int) -> None:
         self._impl.accept(self._buf.view()[self._buf.n - n_new :])
 
-    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
-        cand = self._impl.propose(n)
-        return cand, int(self._impl.confidence), self._SOURCE
+    def _candidates(self, n: int) -> Proposal:
+        tokens, confidence, source = self._impl.step(n)
+        return Proposal(tokens, confidence, self._SOURCE if source < 0 else Source(source))
 
     def __repr__(self) -> str:
         settings = "".join(f" {o.name}={getattr(self, o.name)!r}" for o in self.OPTIONS)
-        gated = ", gated" if self.gate is not None else ""
-        return f"<{type(self).__name__} n_draft={self.n_draft}{settings}{gated}, {self._buf.n} tokens>"
+        return f"<{type(self).__name__} n_draft={self.n_draft}{settings}, {self._buf.n} tokens>"

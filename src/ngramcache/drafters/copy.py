@@ -3,11 +3,9 @@ else llama.cpp's lookup."""
 
 from __future__ import annotations
 
-import numpy as np
 
 from ngramcache import _core
 from ngramcache.cache import NgramCache
-from ngramcache.decoding.gate import AdaptiveGate
 from ngramcache.drafters.base import CoreSequenceDrafter
 from ngramcache.drafters.lookup import NGRAM_MAX_OPTION, NGRAM_MIN, LookupCaches
 from ngramcache.defaults import N_DRAFT
@@ -38,7 +36,7 @@ class CopyDrafter(LookupCaches, CoreSequenceDrafter):
     fallback run in the compiled core, so ``ngramcache.replays.replay_drafter`` replays
     this drafter entirely in C++.
 
-    With a gate, copies and lookups are judged separately, copies by match length.
+    Each proposal says whether it is a copy (its confidence: the match length) or a lookup.
     """
 
     OPTIONS = (NGRAM_MIN, NGRAM_MAX_OPTION, MIN_MATCH, MAX_MATCH, MAX_CANDIDATES)
@@ -46,9 +44,9 @@ class CopyDrafter(LookupCaches, CoreSequenceDrafter):
 
     def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = N_DRAFT,
                  ngram_min: int = NGRAM_MIN.default, ngram_max: int = NGRAM_MAX_OPTION.default,
-                 gate: AdaptiveGate | None = None, min_match: int = MIN_MATCH.default,
+                 min_match: int = MIN_MATCH.default,
                  max_match: int = MAX_MATCH.default, max_candidates: int = MAX_CANDIDATES.default):
-        super().__init__(n_draft, gate)
+        super().__init__(n_draft)
         self._set_options(ngram_min=ngram_min, ngram_max=ngram_max, min_match=min_match, max_match=max_match,
                           max_candidates=max_candidates)
         self._init_caches(static, dynamic)
@@ -59,10 +57,6 @@ class CopyDrafter(LookupCaches, CoreSequenceDrafter):
         """Start a new sequence: the copy index and the context cache are rebuilt from
         ``prompt_tokens``."""
         super().reset(prompt_tokens)
-
-    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
-        cand = self._impl.propose(n)
-        return cand, int(self._impl.confidence), int(self._impl.source)
 
     @property
     def _index(self) -> dict[tuple, list[int]]:

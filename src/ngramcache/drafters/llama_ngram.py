@@ -32,8 +32,7 @@ import numpy as np
 from ngramcache import _core
 from ngramcache._state_file import StateFormat
 from ngramcache._validate import INT32_MAX, as_tokens, check_int
-from ngramcache.decoding.gate import AdaptiveGate
-from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.drafters.base import CoreSequenceDrafter, Source
 from ngramcache.defaults import N_DRAFT
 from ngramcache.drafters.options import Option, check_options
 
@@ -289,12 +288,11 @@ class NgramSimpleDrafter(CoreSequenceDrafter):
     """ngram-simple (see ``NgramSimple``) as a ``Drafter``: proposes what llama.cpp's
     ngram-simple drafts for the verified sequence, cut to ``n_draft``."""
 
-    _SOURCE = 1
+    _SOURCE = Source.COPY
     OPTIONS = SIMPLE_OPTIONS
 
-    def __init__(self, size_n: int = _SIMPLE["size_n"], size_m: int = _SIMPLE["size_m"], n_draft: int = N_DRAFT,
-                 gate: AdaptiveGate | None = None):
-        super().__init__(n_draft, gate)
+    def __init__(self, size_n: int = _SIMPLE["size_n"], size_m: int = _SIMPLE["size_m"], n_draft: int = N_DRAFT):
+        super().__init__(n_draft)
         self._set_options(size_n=size_n, size_m=size_m)
         self._impl = _core.NgramSimpleSequence(self.size_n, self.size_m)
 
@@ -303,12 +301,12 @@ class NgramMapDrafter(CoreSequenceDrafter):
     """ngram-map-k / ngram-map-k4v (see ``NgramMapK``) as a ``Drafter``; the
     acceptance ratchet is fed with each proposal's accepted prefix."""
 
-    _SOURCE = 1
+    _SOURCE = Source.COPY
     OPTIONS = MAP_OPTIONS
 
     def __init__(self, size_n: int = _MAP["size_n"], size_m: int = _MAP["size_m"], min_hits: int = _MAP["min_hits"],
-                 k4v: bool = _MAP["k4v"], n_draft: int = N_DRAFT, gate: AdaptiveGate | None = None):
-        super().__init__(n_draft, gate)
+                 k4v: bool = _MAP["k4v"], n_draft: int = N_DRAFT):
+        super().__init__(n_draft)
         self._set_options(size_n=size_n, size_m=size_m, min_hits=min_hits, k4v=k4v)
         self._impl = _core.NgramMapSequence(self.size_n, self.size_m, self.min_hits, self.k4v)
 
@@ -318,13 +316,13 @@ class NgramModDrafter(CoreSequenceDrafter):
     shared across requests (and drafters, and threads), None for a private one. Unlike
     llama.cpp, ``n_min`` above ``n_max`` is refused: such a drafter would never draft."""
 
-    _SOURCE = 1
+    _SOURCE = Source.COPY
     OPTIONS = MOD_OPTIONS
     ORDERED = (("n_min", "n_max"),)
 
     def __init__(self, n_match: int = _MOD["n_match"], n_min: int = _MOD["n_min"], n_max: int = _MOD["n_max"],
-                 table: NgramModTable | None = None, n_draft: int = N_DRAFT, gate: AdaptiveGate | None = None):
-        super().__init__(n_draft, gate)
+                 table: NgramModTable | None = None, n_draft: int = N_DRAFT):
+        super().__init__(n_draft)
         self._set_options(n_match=n_match, n_min=n_min, n_max=n_max)
         self.table = _check_table(table)
         self._impl = _core.NgramModSequence(self.table._impl, self.n_match, self.n_min, self.n_max)

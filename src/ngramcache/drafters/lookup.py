@@ -8,8 +8,7 @@ import os
 from ngramcache import _core
 from ngramcache._validate import NGRAM_MAX
 from ngramcache.cache import NgramCache
-from ngramcache.decoding.gate import AdaptiveGate
-from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.drafters.base import CoreSequenceDrafter, Source
 from ngramcache.defaults import N_DRAFT
 from ngramcache.drafters.options import Option, OptionError
 from ngramcache.static_table import StaticTable
@@ -80,8 +79,6 @@ class LookupCaches:
             parts.append("dynamic")
         if self.static is not None:
             parts.append("static")
-        if self.gate is not None:
-            parts.append("gated")
         return f"<{type(self).__name__} {' '.join(parts)}, {self._buf.n} tokens>"
 
 
@@ -95,18 +92,17 @@ class LookupDrafter(LookupCaches, CoreSequenceDrafter):
     to the tokens accepted, never to the length of the sequence. It runs in the compiled
     core, so ``ngramcache.replays.replay_drafter`` replays it entirely in C++.
 
-    With a ``gate`` (an ``AdaptiveGate``), ``propose`` returns only as much of the
-    lookup's proposal as is expected to pay for its verification, often nothing.
+    Its proposals are of source ``Source.LOOKUP``, with the proposal's length as their
+    confidence.
     """
 
-    _SOURCE = 0  # the gate's source for lookup drafts (a copy's is 1)
+    _SOURCE = Source.LOOKUP
     OPTIONS = (NGRAM_MIN, NGRAM_MAX_OPTION)
     ORDERED = (("ngram_min", "ngram_max"),)
 
     def __init__(self, static=None, dynamic: NgramCache | None = None, n_draft: int = N_DRAFT,
-                 ngram_min: int = NGRAM_MIN.default, ngram_max: int = NGRAM_MAX_OPTION.default,
-                 gate: AdaptiveGate | None = None):
-        super().__init__(n_draft, gate)
+                 ngram_min: int = NGRAM_MIN.default, ngram_max: int = NGRAM_MAX_OPTION.default):
+        super().__init__(n_draft)
         self._set_options(ngram_min=ngram_min, ngram_max=ngram_max)
         self._init_caches(static, dynamic)
         self._impl = _core.LookupDrafter(*self._core_caches(), self.ngram_min, self.ngram_max)

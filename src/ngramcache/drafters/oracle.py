@@ -6,7 +6,7 @@ import numpy as np
 
 from ngramcache._validate import as_tokens
 from ngramcache.defaults import N_DRAFT
-from ngramcache.drafters.base import SequenceDrafter
+from ngramcache.drafters.base import Proposal, SequenceDrafter, Source
 
 __all__ = ["OracleDrafter"]
 
@@ -37,12 +37,12 @@ class OracleDrafter(SequenceDrafter):
         new = self._buf.view()[self._buf.n - n_new :]
         self._departed = not np.array_equal(new, self.continuation[start : start + n_new])
 
-    def _candidates(self, n: int) -> tuple[np.ndarray, int, int]:
+    def _candidates(self, n: int) -> Proposal:
         if self._departed:
-            return np.zeros(0, dtype=np.int32), 0, 0
+            return Proposal(np.zeros(0, dtype=np.int32), 0, Source.LOOKUP)
         start = self._buf.n - self._n_prompt
         out = self.continuation[start : start + n]
-        return out, int(out.size), 0
+        return Proposal(out, int(out.size), Source.LOOKUP)
 
     def __repr__(self) -> str:
         return f"<OracleDrafter n_draft={self.n_draft}, {self.continuation.size} tokens of continuation>"

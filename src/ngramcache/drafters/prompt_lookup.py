@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from ngramcache import _core
-from ngramcache.decoding.gate import AdaptiveGate
-from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.drafters.base import CoreSequenceDrafter, Source
 from ngramcache.defaults import PROMPT_LOOKUP_N_DRAFT
 from ngramcache.drafters.options import Option
 
@@ -33,20 +32,19 @@ class PromptLookupDrafter(CoreSequenceDrafter):
 
     The peers rescan the whole sequence at every step; here an index per n-gram size is
     kept current as tokens arrive, so a step costs O(max_ngram^2 + n_draft) whatever the
-    length of the sequence. The gate keys on the size of the matched n-gram.
+    length of the sequence. A proposal's confidence is the size of the matched n-gram.
     """
 
-    _SOURCE = 1
+    _SOURCE = Source.COPY
     OPTIONS = (MAX_NGRAM, MIN_NGRAM, MATCH)
     ORDERED = (("min_ngram", "max_ngram"),)
 
     def __init__(self, max_ngram: int = MAX_NGRAM.default, min_ngram: int = MIN_NGRAM.default,
-                 n_draft: int = PROMPT_LOOKUP_N_DRAFT, match: str = MATCH.default, gate: AdaptiveGate | None = None):
-        super().__init__(n_draft, gate)
+                 n_draft: int = PROMPT_LOOKUP_N_DRAFT, match: str = MATCH.default):
+        super().__init__(n_draft)
         self._set_options(max_ngram=max_ngram, min_ngram=min_ngram, match=match)
         self._impl = _core.PromptLookupDrafter(self.max_ngram, self.min_ngram, self.match == "recent")
 
     def __repr__(self) -> str:
-        gated = ", gated" if self.gate is not None else ""
         return (f"<PromptLookupDrafter max_ngram={self.max_ngram} min_ngram={self.min_ngram} "
-                f"match={self.match!r} n_draft={self.n_draft}{gated}, {self._buf.n} tokens>")
+                f"match={self.match!r} n_draft={self.n_draft}, {self._buf.n} tokens>")

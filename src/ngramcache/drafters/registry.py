@@ -25,7 +25,7 @@ For a server:
   ``spec(name).shared_state`` says which the drafter reads and which it writes itself.
 
 ``register(spec)`` adds a drafter (every one of the above finds it at once) and
-``unregister(name)`` removes it. A spec's class is built as ``cls(n_draft=..., gate=...,
+``unregister(name)`` removes it. A spec's class is built as ``cls(n_draft=...,
 **fixed, **options, **shared)``; ``SequenceDrafter`` is the base for one written in Python.
 """
 
@@ -150,14 +150,14 @@ class DrafterSpec:
             raise OptionError("options", f"must be an object of option names and values, got {type(values).__name__}")
         return self._check(values, tuple(o.name for o in self.options))
 
-    def make(self, n_draft: int = N_DRAFT, gate=None, **options):
-        """The drafter, proposing up to ``n_draft`` tokens, with an optional gate;
-        ``options``: its options and shared state by keyword (None values left out)."""
+    def make(self, n_draft: int = N_DRAFT, **options):
+        """The drafter, proposing up to ``n_draft`` tokens; ``options``: its options and
+        shared state by keyword (None values left out)."""
         given = {k: v for k, v in options.items() if v is not None}
         shared = {k: v for k, v in given.items() if k in self.shared_keywords}
         scalar = {k: v for k, v in given.items() if k not in shared}
         checked = self._check(scalar, tuple(o.name for o in self.options) + self.shared_keywords)
-        return self.cls(n_draft=n_draft, gate=gate, **self.fixed, **checked, **shared)
+        return self.cls(n_draft=n_draft, **self.fixed, **checked, **shared)
 
     def shared_kwargs(self, available: Mapping[str, Any]) -> dict:
         """The constructor keywords for the shared objects in ``available`` (kind -> object)
@@ -225,15 +225,15 @@ def specs() -> tuple[DrafterSpec, ...]:
     return tuple(_specs.values())
 
 
-def make_drafter(name: str, n_draft: int = N_DRAFT, gate=None, **options):
+def make_drafter(name: str, n_draft: int = N_DRAFT, **options):
     """The drafter called ``name``, proposing up to ``n_draft`` tokens per step (0 to
-    ``MAX_DRAFT``), with an optional ``AdaptiveGate``; ``options`` are its own options and
+    ``MAX_DRAFT``); ``options`` are its own options and
     its shared state by keyword (e.g. ``static=`` for ``lookup`` and ``copy``, ``store=``
     for ``suffix``, ``table=`` for ``mod``). None values are left out, so that callers can
     pass every option they know of. An option the drafter does not take is an
     ``UnknownOptionError`` (a TypeError) naming the drafter and the options it takes; a
     bad value an ``OptionError`` (a ValueError) naming the option."""
-    return spec(name).make(n_draft, gate, **options)
+    return spec(name).make(n_draft, **options)
 
 
 def drafter_class(name: str) -> type:

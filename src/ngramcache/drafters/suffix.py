@@ -16,8 +16,7 @@ import numpy as np
 from ngramcache import _core
 from ngramcache._state_file import StateFormat
 from ngramcache._validate import as_tokens, check_int
-from ngramcache.decoding.gate import AdaptiveGate
-from ngramcache.drafters.base import CoreSequenceDrafter
+from ngramcache.drafters.base import CoreSequenceDrafter, Source
 from ngramcache.defaults import N_DRAFT
 from ngramcache.drafters.options import Option
 
@@ -154,16 +153,15 @@ class SuffixDrafter(CoreSequenceDrafter):
     With a ``store``, the request is matched in the store too and the proposal with the
     longer match wins (then the one with more expected accepted tokens, then the
     request's own); the request is added to the store when the drafter is reset for the
-    next one, or by ``finish()``. The gate keys on the match length.
+    next one, or by ``finish()``. A proposal's confidence is its match length.
     """
 
-    _SOURCE = 2
+    _SOURCE = Source.SUFFIX
     OPTIONS = (MAX_DEPTH, ALPHA, MIN_PROB)
 
     def __init__(self, n_draft: int = N_DRAFT, max_depth: int = MAX_DEPTH.default, alpha: float = ALPHA.default,
-                 min_prob: float = MIN_PROB.default, store: SuffixStore | None = None,
-                 gate: AdaptiveGate | None = None):
-        super().__init__(n_draft, gate)
+                 min_prob: float = MIN_PROB.default, store: SuffixStore | None = None):
+        super().__init__(n_draft)
         self._set_options(max_depth=max_depth, alpha=alpha, min_prob=min_prob)
         if store is not None and not isinstance(store, SuffixStore):
             raise TypeError(f"store must be a SuffixStore or None, got {type(store).__name__}")
@@ -185,7 +183,6 @@ class SuffixDrafter(CoreSequenceDrafter):
 
     def __repr__(self) -> str:
         extra = ", store" if self.store is not None else ""
-        gated = ", gated" if self.gate is not None else ""
         return (f"<SuffixDrafter n_draft={self.n_draft} max_depth={self.max_depth} alpha={self.alpha} "
-                f"min_prob={self.min_prob}{extra}{gated}, {self._buf.n} tokens>")
+                f"min_prob={self.min_prob}{extra}, {self._buf.n} tokens>")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ngramcache._validate import as_tokens
-from ngramcache.decoding.prefix import accepted_prefix
+from ngramcache._prefix import accepted_prefix
 from ngramcache.drafters.base import Drafter, DraftStats
 
 __all__ = ["SequenceFollower", "Following"]

@@ -12,10 +12,11 @@
 * ``load_model("smollm2")``: a packaged GGUF model (``ngramcache.models``) loaded by
   transformers itself (``from_pretrained(folder, gguf_file=name)``), dequantised to float32
   on the CPU; no model hub is contacted.
-* ``calibrate`` / ``verify_costs``: what a forward pass of k tokens costs this model after a
-  context (``ngramcache.decoding.costs``, kept in its store on disk), the curve
-  ``ngramcache.decoding.gate.AdaptiveGate`` needs; ``adaptive_drafter`` builds a drafter whose
-  draft length follows it (these live in ``ngramcache.integrations.hf_costs``).
+* ``verify_costs``: what a forward pass of k tokens costs this model against one, as learnt
+  so far while decoding (``ngramcache.decoding.costs``, kept in its store on disk; ``calibrate``
+  measures it explicitly), the curve a ``ngramcache.decoding.gate.Gate`` decides on;
+  ``adaptive_drafter`` builds a drafter whose draft length follows it (these live in
+  ``ngramcache.integrations.hf_costs``).
 
 Supported transformers versions: 4.57 to 5.x (see docs/hf.md for the versions tested).
 """
@@ -35,7 +36,7 @@ from ngramcache._validate import check_int
 from ngramcache.drafters.base import Drafter
 from ngramcache.integrations.follower import Following, SequenceFollower
 from ngramcache.defaults import HF_N_DRAFT
-from ngramcache.integrations.hf_costs import GATE_OPTIONS, adaptive_drafter, calibrate, cost_key, verify_costs
+from ngramcache.integrations.hf_costs import GATE_SETTINGS, adaptive_drafter, calibrate, cost_key, verify_costs
 from ngramcache.integrations.hf_extra import MIN_TRANSFORMERS, need_hf, torch, transformers, version_tuple
 
 if transformers is not None:
@@ -48,7 +49,7 @@ else:  # the module imports without the extra; using it needs it (need_hf)
 
 
 __all__ = ["DrafterCandidateGenerator", "Drafting", "generate", "load_model", "chat_input_ids", "calibrate",
-           "verify_costs", "cost_key", "adaptive_drafter", "GATE_OPTIONS", "MIN_TRANSFORMERS"]
+           "verify_costs", "cost_key", "adaptive_drafter", "GATE_SETTINGS", "MIN_TRANSFORMERS"]
 
 def _as_ids(input_ids, n_vocab: int | None = None) -> "torch.Tensor":
     """``input_ids`` as a (1, n) int64 tensor: a tensor, an array or a list of ints, every

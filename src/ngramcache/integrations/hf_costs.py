@@ -17,11 +17,12 @@ import numpy as np
 from ngramcache._validate import check_int
 from ngramcache.decoding import costs as _costs
 from ngramcache.decoding.costs import CostKey
+from ngramcache.decoding.gate import GateSettings, gated_drafter
 from ngramcache.defaults import HF_N_DRAFT
 from ngramcache.drafters.base import Drafter
 from ngramcache.integrations.hf_extra import need_hf
 
-__all__ = ["calibrate", "verify_costs", "cost_key", "adaptive_drafter", "GATE_OPTIONS"]
+__all__ = ["calibrate", "verify_costs", "learned_costs", "cost_key", "adaptive_drafter", "GATE_SETTINGS"]
 
 
 def cost_key(model) -> CostKey:
@@ -91,32 +92,43 @@ def calibrate(model, max_batch: int = 33, n_context: int = 512, repeats: int = 5
     return _measure(model, max_batch, n_context, repeats).costs
 
 
-def verify_costs(model, max_batch: int = 33, refresh: bool = False) -> list[float]:
-    """``calibrate(model, max_batch)``, measured once per model architecture, dtype, device
-    and thread count and kept in the cost store (``ngramcache.decoding.costs.cost_store_path``;
-    see :func:`cost_key`), unless the timings were too noisy to keep (then once per process).
-    ``refresh``: measure again."""
+def learned_costs(model, max_batch: int = 33) -> _costs.LearnedCosts:
+    """The verification cost curve of this model architecture, dtype, device and thread count
+    (see :func:`cost_key`), at once: the one this process learns into, else the stored one
+    (``ngramcache.decoding.costs.cost_store_path``), else the package's prior for a model of
+    this size; refined while decoding and saved (``ngramcache.decoding.costs.learned_costs``)."""
     need_hf()
-    return _costs.stored_costs(cost_key(model), lambda n: _measure(model, n), max_batch, refresh=refresh)
+    n_params = sum(int(p.numel()) for p in model.parameters())
+    return _costs.learned_costs(cost_key(model), max_batch, n_params)
+
+
+def verify_costs(model, max_batch: int = 33, refresh: bool = False) -> list[float]:
+    """The verification costs of batches of 1..``max_batch`` tokens as known now, relative to
+    one token (:func:`learned_costs`; nothing is measured). ``refresh``: measure them now
+    (``calibrate``, seconds) and keep the measurement as the stored curve."""
+    costs = learned_costs(model, max_batch)
+    if refresh:
+        costs.replace(_measure(model, max_batch).costs)
+    return list(costs.curve()[:max_batch])
 
 
 #: the gate's settings for transformers on a CPU: verifying 33 tokens costs about 3x one, so a
 #: wrong guess is cheap and a slow start is dear: the priors count as one observation, so what
 #: this text does takes over after a draft or two (docs/gate.md)
-GATE_OPTIONS = {"shrink": 1.0}
+GATE_SETTINGS = GateSettings(prior_weight=1.0)
 
 
 def adaptive_drafter(model, drafter: str | None = None, n_draft: int = HF_N_DRAFT, costs: Sequence[float] | None = None,
                      **options) -> Drafter:
     """The drafter called ``drafter`` (``ngramcache.drafters.catalog``; None: its default) with an
-    ``AdaptiveGate`` on this model's verification costs (``verify_costs``, or ``costs``:
-    seconds per batch of 1, 2, ... tokens, extended linearly to ``n_draft + 1``) and
-    ``GATE_OPTIONS``, proposing up to ``n_draft`` tokens: ``ngramcache.decoding.costs.gated_drafter``.
+    ``ngramcache.decoding.gate.Gate`` on this model's verification costs (``learned_costs``, or
+    ``costs``: seconds per batch of 1, 2, ... tokens, extended linearly to ``n_draft + 1``) and
+    ``GATE_SETTINGS``, proposing up to ``n_draft`` tokens: ``ngramcache.decoding.gate.gated_drafter``.
     ``options``: the drafter's own keywords."""
     from ngramcache.drafters.catalog import DEFAULT_DRAFTER, drafter_class
 
     n_draft = check_int("n_draft", n_draft, 0)
     drafter_class(DEFAULT_DRAFTER if drafter is None else drafter)  # an unknown name fails before measuring
     if costs is None:
-        costs = verify_costs(model, max_batch=n_draft + 1) if n_draft > 0 else [1.0]
-    return _costs.gated_drafter(costs, drafter, n_draft, gate_options=GATE_OPTIONS, **options)
+        costs = learned_costs(model, max_batch=n_draft + 1)
+    return gated_drafter(costs, drafter, n_draft, settings=GATE_SETTINGS, **options)

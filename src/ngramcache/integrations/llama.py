@@ -12,8 +12,9 @@ Two ways in:
   removed from the KV cache.
 
 Also here: llama-cpp-python's own loop measured with the same clocks
-(``generate_llama_cpp``), the verification costs of a model (``calibrate``, kept on
-disk by ``verify_costs``) and the drafter that uses them (``adaptive_drafter``).
+(``generate_llama_cpp``), the verification costs of a model (learnt while decoding and
+kept on disk: ``learned_costs``, ``verify_costs``; measured on request: ``calibrate``) and
+the drafter that uses them (``adaptive_drafter``).
 
 This module loads models and gathers the rest under one name: the backend lives in
 ``llama_backend``, the draft-model adapter and llama-cpp-python's own loop in
@@ -34,13 +35,13 @@ from ngramcache.integrations import exactness
 from ngramcache.integrations.exactness import ExactnessReport, check_exact, exactness_status, no_weight_repacking
 from ngramcache.integrations.llama_backend import LlamaBackend, backend_of, llama_cpp, need_llama
 from ngramcache.integrations.llama_costs import (_cost_key, adaptive_drafter, calibrate, cost_store_path,  # noqa: F401
-                                                 load_costs, store_costs, verify_costs)  # (_cost_key: fuzz/targets.py)
+                                                 learned_costs, load_costs, store_costs, verify_costs)  # (_cost_key: fuzz/targets.py)
 from ngramcache.integrations.llama_draft_model import (CountingDraftModel, LlamaDraftModel, LlamaDrafter,
                                                        check_llama, generate_llama_cpp)
 
 __all__ = [
     "LlamaDrafter", "generate", "stream", "make_llama", "check_llama", "default_threads",
-    "verify_costs", "calibrate", "adaptive_drafter", "load_costs", "store_costs", "cost_store_path",
+    "verify_costs", "learned_costs", "calibrate", "adaptive_drafter", "load_costs", "store_costs", "cost_store_path",
     "LlamaBackend", "CountingDraftModel", "generate_llama_cpp",
     "check_exact", "exactness_status", "ExactnessReport", "no_weight_repacking",
 ]

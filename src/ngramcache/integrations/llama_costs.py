@@ -1,9 +1,9 @@
-"""What verifying a batch of k tokens costs a llama.cpp model, measured once and kept
-(``ngramcache.decoding.costs``), and the adaptive drafter built on it.
+"""What verifying a batch of k tokens costs a llama.cpp model, learnt while decoding and
+kept (``ngramcache.decoding.costs``), and the adaptive drafter built on it.
 
-The llama.cpp side is only the timing hook (a decode of k tokens through the model's
-``LlamaBackend``, see ``ngramcache.decoding.costs.backend_timer``) and the key the costs
-are kept under: the model file (path, size, time), the llama.cpp build (llama-cpp-python's
+The llama.cpp side is the model's size (for the prior curve), an explicit timing hook (a
+decode of k tokens through the model's ``LlamaBackend``, see
+``ngramcache.decoding.costs.backend_timer``) and the key the costs are kept under: the model file (path, size, time), the llama.cpp build (llama-cpp-python's
 version and its libraries), the kernel switches that change speed (weight repacking,
 ``GGML_CPU_TILED_MM``) and the thread counts.
 """
@@ -20,7 +20,7 @@ from ngramcache.decoding.costs import CostKey, cost_store_path
 from ngramcache.drafters.base import Drafter
 from ngramcache.integrations.llama_backend import backend_of, llama_cpp
 
-__all__ = ["calibrate", "verify_costs", "adaptive_drafter", "load_costs", "store_costs", "cost_store_path",
+__all__ = ["calibrate", "verify_costs", "learned_costs", "adaptive_drafter", "load_costs", "store_costs", "cost_store_path",
            "cost_key"]
 
 
@@ -77,29 +77,41 @@ def calibrate(llm, max_batch: int = 9, repeats: int = 5, n_context: int = 512) -
     return _measure(llm, max_batch, repeats, n_context).costs
 
 
-def verify_costs(llm, max_batch: int = 9, refresh: bool = False) -> list[float]:
-    """Verification costs for this model and thread setting: measured once
-    (``calibrate``, a few seconds, with progress on stderr past a second or two) and kept
-    in ~/.cache/ngramcache/verify-costs.json (override the folder with
-    $NGRAMCACHE_CACHE_DIR, see :func:`cost_store_path`), unless the timings were too noisy
-    to keep. A ``Backend`` that is no ``llama_cpp.Llama`` is measured every time."""
+def learned_costs(llm, max_batch: int = 9) -> _costs.LearnedCosts:
+    """The verification cost curve of this model, build and thread setting, at once: the one
+    this process learns into, else the stored one (in ~/.cache/ngramcache/verify-costs.json;
+    override the folder with $NGRAMCACHE_CACHE_DIR, see :func:`cost_store_path`), else the
+    package's prior for a model of this size; refined from the verification times while
+    decoding and saved for the next process (``ngramcache.decoding.costs.learned_costs``).
+    A ``Backend`` that is no ``llama_cpp.Llama`` gets a fresh curve, not kept."""
     max_batch = check_int("max_batch", max_batch, 1)
-    key = None
+    key = n_params = None
     if llama_cpp is not None and isinstance(llm, llama_cpp.Llama):
         from ngramcache.integrations.exactness import weight_repacking
 
         nt = llama_cpp.llama_n_threads(llm._ctx.ctx)
         ntb = llama_cpp.llama_n_threads_batch(llm._ctx.ctx)
         key = cost_key(llm.model_path, nt, ntb, weight_repacking(llm))
-    return _costs.stored_costs(key, lambda n: _measure(llm, n), max_batch, refresh=refresh)
+        n_params = int(llama_cpp.llama_model_n_params(llm._model.model))
+    return _costs.learned_costs(key, max_batch, n_params)
+
+
+def verify_costs(llm, max_batch: int = 9, refresh: bool = False) -> list[float]:
+    """The verification costs of batches of 1..``max_batch`` tokens as known now, relative to
+    one token (:func:`learned_costs`; nothing is measured). ``refresh``: measure them now
+    (``calibrate``, seconds) and keep the measurement as the stored curve."""
+    costs = learned_costs(llm, max_batch)
+    if refresh:
+        costs.replace(_measure(llm, max_batch).costs)
+    return list(costs.curve()[:max_batch])
 
 
 def adaptive_drafter(llm, static=None, dynamic=None, n_draft: int = 16, ngram_min: int | None = None,
                      ngram_max: int | None = None, refresh: bool = False, copy: bool = True,
                      drafter: str | None = None, **options) -> Drafter:
     """ngramcache's drafter for ``llm``, with draft lengths that follow this model's
-    verification costs (``verify_costs``) and the acceptance seen so far
-    (``AdaptiveGate``): ``ngramcache.decoding.costs.gated_drafter``.
+    verification costs (``learned_costs``) and the acceptance seen so far (a
+    ``ngramcache.decoding.gate.Gate``): ``ngramcache.decoding.gate.gated_drafter``.
 
     ``drafter``: a name of ``ngramcache.drafters.catalog.DRAFTERS`` (default
     ``catalog.DEFAULT_DRAFTER``; ``copy=False`` without a name: ``lookup``), built with
@@ -110,8 +122,12 @@ def adaptive_drafter(llm, static=None, dynamic=None, n_draft: int = 16, ngram_mi
     n_draft = check_int("n_draft", n_draft, 0)
     if drafter is None and not copy:
         drafter = "lookup"
-    drafter_class(DEFAULT_DRAFTER if drafter is None else drafter)  # an unknown name fails before measuring
+    from ngramcache.decoding.gate import gated_drafter
+
+    drafter_class(DEFAULT_DRAFTER if drafter is None else drafter)  # an unknown name fails first
     n_batch = backend_of(llm).n_batch
-    costs = verify_costs(llm, max_batch=min(n_draft + 1, n_batch), refresh=refresh) if n_draft > 0 else [1.0]
-    return _costs.gated_drafter(costs, drafter, n_draft, static=static, dynamic=dynamic, ngram_min=ngram_min,
-                                ngram_max=ngram_max, **options)
+    costs = learned_costs(llm, max_batch=max(1, min(n_draft + 1, n_batch)))
+    if refresh and n_draft > 0:
+        costs.replace(_measure(llm, costs.size).costs)
+    return gated_drafter(costs, drafter, n_draft, static=static, dynamic=dynamic, ngram_min=ngram_min,
+                         ngram_max=ngram_max, **options)

@@ -28,7 +28,7 @@ except ImportError:  # the module imports without the extra; using it needs it
 
 from ngramcache._validate import check_int
 from ngramcache.decoding.loop import GenerationResult
-from ngramcache.decoding.prefix import accepted_prefix
+from ngramcache._prefix import accepted_prefix
 from ngramcache.drafters.base import Drafter
 from ngramcache.integrations.follower import Following, SequenceFollower
 from ngramcache.integrations.llama_backend import LlamaBackend, need_llama

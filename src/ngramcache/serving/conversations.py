@@ -4,7 +4,7 @@ A chat's next request repeats its whole history: the previous prompt and the ans
 new message. How well drafts did in the earlier turns (the copy of a function the user is
 editing is accepted turn after turn; a conversation about fresh ideas rejects nearly every
 draft) is the best guide to the next turn from its first step, so the server keeps each
-conversation's ``AdaptiveGate`` and hands it to the request that continues it. A request
+conversation's ``Gate`` and hands it to the request that continues it. A request
 continues a conversation when the text it was given (its prompt and answer) is a prefix of
 the new prompt, up to a few tokens that a chat template may render differently the second
 time (the end of the answer).
@@ -17,7 +17,7 @@ from typing import Hashable
 
 import numpy as np
 
-from ngramcache.decoding.gate import AdaptiveGate
+from ngramcache.decoding.gate import Gate
 
 __all__ = ["ConversationGates"]
 
@@ -35,13 +35,13 @@ class ConversationGates:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._gates: OrderedDict[int, tuple[Hashable, np.ndarray, AdaptiveGate]] = OrderedDict()
+        self._gates: OrderedDict[int, tuple[Hashable, np.ndarray, Gate]] = OrderedDict()
         self._next_id = 0
 
     def __len__(self) -> int:
         return len(self._gates)
 
-    def find(self, prompt: np.ndarray, key: Hashable) -> AdaptiveGate | None:
+    def find(self, prompt: np.ndarray, key: Hashable) -> Gate | None:
         """The gate of the conversation ``prompt`` continues (the longest one), removed
         from the store until :meth:`keep` puts it back; None for a new conversation."""
         best, best_len = None, 0
@@ -55,7 +55,7 @@ class ConversationGates:
             return None
         return self._gates.pop(best)[2]
 
-    def keep(self, seen: np.ndarray, key: Hashable, gate: AdaptiveGate) -> None:
+    def keep(self, seen: np.ndarray, key: Hashable, gate: Gate) -> None:
         """Keep ``gate`` for the conversation whose text so far is ``seen``."""
         self._gates[self._next_id] = (key, np.asarray(seen, dtype=np.int32).copy(), gate)
         self._next_id += 1

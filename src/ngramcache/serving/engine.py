@@ -27,7 +27,7 @@ import numpy as np
 
 from ngramcache._validate import as_tokens, check_int
 from ngramcache.defaults import MAX_DECODE_DRAFT, N_DRAFT
-from ngramcache.decoding.gate import VerifyTimes
+from ngramcache.decoding.gate import why_no_drafts
 from ngramcache.decoding.loop import PromptCache, is_backend
 from ngramcache.decoding.text_sink import TextSink
 from ngramcache.serving.chat_template import ChatTemplate, tokenize_rendered
@@ -64,8 +64,8 @@ class Engine:
     (default: the backend's). ``drafter``: the default drafter's name
     (``ngramcache.drafters.catalog``); ``n_draft``: its longest draft;
     ``drafter_options``: its options; ``adaptive``: draft lengths that follow this
-    model's verification costs (measured once, see
-    ``ngramcache.integrations.llama.verify_costs``); ``memory``: a :class:`Memory` the
+    model's verification costs (learnt while serving, see
+    ``ngramcache.integrations.llama.learned_costs``); ``memory``: a :class:`Memory` the
     drafters share across requests (None: each request drafts from itself alone);
     ``memory_path`` / ``save_every``: where and how often (seconds) the memory is saved
     between jobs (and at ``close``); ``static``: a static table (or ``NgramCache``) for
@@ -100,15 +100,14 @@ class Engine:
         self.max_queue = check_int("max_queue", max_queue, 1, none_ok=True)
         self.prompt_cache = PromptCache()
         self.conversations = ConversationGates()  # the drafting gate's state per conversation
+        # the cost curve every conversation's gate decides on and learns into (one machine)
         self.costs = None
-        # every conversation's gate checks the curve against the same machine's verifications
-        self.verify_times = VerifyTimes()
         self.temperature = 0.0  # for requests that give none
         if adaptive and self.n_draft:
-            from ngramcache.integrations.llama import verify_costs
+            from ngramcache.integrations.llama import learned_costs
 
-            self.costs = verify_costs(self.llm if self.llm is not None else self.backend,
-                                      max_batch=min(self.n_draft + 1, self.backend.n_batch))
+            self.costs = learned_costs(self.llm if self.llm is not None else self.backend,
+                                       max_batch=min(self.n_draft + 1, self.backend.n_batch))
         self._fingerprint: bytes | None = None
         self._max_token_bytes: int | None = None
         self._queue: queue.Queue[Job | None] = queue.Queue()
@@ -276,9 +275,9 @@ class Engine:
         """The drafter ``name`` as a job gets it: the engine's options when ``name`` is its
         default drafter, then ``options`` (a request's own), the shared state its registry
         spec takes (the memory's, the static table), and the adaptive gate on this model's
-        costs (``ngramcache.decoding.costs.gated_drafter``): ``gate``, the one of the
+        costs (``ngramcache.decoding.gate.gated_drafter``): ``gate``, the one of the
         conversation the job continues, else a new one."""
-        from ngramcache.decoding.costs import gated_drafter
+        from ngramcache.decoding.gate import gated_drafter
         from ngramcache.drafters import registry
 
         opts = dict(self.drafter_opts) if name == self.drafter else {}
@@ -286,7 +285,7 @@ class Engine:
         shared = self.memory.shared_state() if self.memory is not None else {}
         if self.static is not None:
             shared[registry.STATIC] = self.static
-        return gated_drafter(self.costs, name, n_draft, gate=gate, gate_options={"verify_times": self.verify_times},
+        return gated_drafter(self.costs, name, n_draft, gate=gate,
                              **opts, **registry.spec(name).shared_kwargs(shared))
 
     _make_drafter = make_drafter  # the name the command line's engine builder calls
@@ -390,7 +389,8 @@ class Engine:
             result = JobResult(text="".join(stops.text), tokens=res.tokens, n_prompt=res.n_prompt,
                                n_cached=res.n_cached, finish_reason=reason, drafter=name, drafted=res.drafted,
                                accepted=res.accepted, t_prompt=res.t_prompt, t_draft=res.t_draft,
-                               t_verify=res.t_verify, t_total=res.t_total, t_queue=t_queue)
+                               t_verify=res.t_verify, t_total=res.t_total, t_queue=t_queue,
+                               why_no_drafts=why_no_drafts(drafter) if res.steps and not res.drafted else None)
             if getattr(drafter, "gate", None) is not None and reason != "cancelled":
                 self.conversations.keep(np.concatenate([job.prompt, res.tokens]), gate_key, drafter.gate)
             if self.memory is not None and job.learn and reason != "cancelled":

@@ -31,6 +31,8 @@ class JobResult:
     t_verify: float
     t_total: float
     t_queue: float
+    #: one sentence when a drafter drafted nothing, saying why (None otherwise)
+    why_no_drafts: str | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -52,6 +54,7 @@ class JobResult:
             "t_draft": round(self.t_draft, 6), "t_verify": round(self.t_verify, 6),
             "t_total": round(self.t_total, 6),
             "tokens_per_s": round(self.n_tokens / gen, 3) if gen > 0 and self.n_tokens > 1 else None,
+            "why_no_drafts": self.why_no_drafts,
         }
 
 
