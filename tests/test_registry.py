@@ -235,3 +235,40 @@ def test_docs_embed_the_options_table():
     assert m, "docs/drafters.md has no options table markers"
     assert m.group(1) == registry.options_table(), (
         "docs/drafters.md's options table is stale: python -m ngramcache.drafters docs/drafters.md")
+
+
+# --- a compiled drafter: one registry entry over its core class ----------------------------
+
+def test_a_compiled_drafter_is_one_registry_entry(capsys):
+    """DrafterSpec.compiled over a core class (here ngram-simple's) is a drafter like the
+    built-in one: the same proposals, replayed in C++, its options checked and on the
+    command line, its defaults the core's."""
+    from ngramcache import _core
+    from ngramcache.drafters.llama_ngram import SIMPLE_OPTIONS, NgramSimpleDrafter
+
+    spec = registry.DrafterSpec.compiled("simple-again", "ngram-simple, through the generic wrapper",
+                                         _core.NgramSimpleSequence, options=SIMPLE_OPTIONS)
+    registry.register(spec)
+    try:
+        d = make_drafter("simple-again", n_draft=6, size_n=3, size_m=16)
+        assert type(d._impl) is _core.NgramSimpleSequence and (d.size_n, d.size_m) == (3, 16)
+        assert registry.name_of(d) == "simple-again" and d.n_draft == 6
+        rng = np.random.default_rng(5)
+        phrase = rng.integers(0, 200, 40).astype(np.int32)
+        toks = np.concatenate([phrase, rng.integers(0, 200, 7), phrase, phrase[:20], rng.integers(0, 200, 9),
+                               phrase] * 20).astype(np.int32)
+        want = python_replay(NgramSimpleDrafter(size_n=3, size_m=16, n_draft=6), toks, 500, 6)
+        assert python_replay(d, toks, 500, 6) == want and want["n_accept"] > 0
+        st = replay_drafter(toks, make_drafter("simple-again", n_draft=6, size_n=3, size_m=16), 500, 6)
+        assert (st.drafter, st.n_accept, st.n_drafted) == ("simple-again", want["n_accept"], want["n_drafted"])
+        defaults = make_drafter("simple-again")
+        assert (defaults.size_n, defaults.size_m) == tuple(_core.defaults()["NgramSimpleSequence"].values())
+        with pytest.raises(OptionError, match="size_n"):
+            make_drafter("simple-again", size_n=0)
+        with pytest.raises(UnknownOptionError):
+            make_drafter("simple-again", min_hits=2)
+        with pytest.raises(SystemExit):
+            cli_main(["generate", "--help"])
+        assert "--simple-again-size-n" in capsys.readouterr().out
+    finally:
+        registry.unregister("simple-again")

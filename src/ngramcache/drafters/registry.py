@@ -26,7 +26,9 @@ For a server:
 
 ``register(spec)`` adds a drafter (every one of the above finds it at once) and
 ``unregister(name)`` removes it. A spec's class is built as ``cls(n_draft=...,
-**fixed, **options, **shared)``; ``SequenceDrafter`` is the base for one written in Python.
+**fixed, **options, **shared)``; ``SequenceDrafter`` is the base for one written in Python,
+and ``DrafterSpec.compiled`` makes the class of one whose work is a compiled class alone
+(docs/drafters.md, "Adding a compiled drafter").
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from ngramcache.drafters.base import CoreSequenceDrafter
 from ngramcache.drafters.copy import CopyDrafter
 from ngramcache.drafters.llama_ngram import NgramMapDrafter, NgramModDrafter, NgramSimpleDrafter
 from ngramcache.drafters.lookup import LookupDrafter
@@ -45,7 +48,8 @@ from ngramcache.drafters.prompt_lookup import PromptLookupDrafter
 from ngramcache.drafters.suffix import SuffixDrafter
 
 __all__ = ["DrafterSpec", "Shared", "UnknownDrafterError", "register", "unregister", "spec", "specs",
-           "make_drafter", "drafter_class", "name_of", "options_table", "shared_state_kinds", "DRAFTERS",
+           "make_drafter", "compiled_drafter", "drafter_class", "name_of", "options_table", "shared_state_kinds",
+           "DRAFTERS",
            "DEFAULT_DRAFTER", "DYNAMIC", "embed_options_table", "STATIC", "SUFFIX_STORE", "MOD_TABLE", "MAX_DRAFT",
            "OptionError", "UnknownOptionError"]
 
@@ -178,6 +182,36 @@ class DrafterSpec:
 
     def __repr__(self) -> str:
         return f"<DrafterSpec {self.name!r}: {self.cls.__name__}>"
+
+    @classmethod
+    def compiled(cls, name: str, description: str, core: type, options: tuple[Option, ...] = (),
+                 ordered: tuple[tuple[str, str], ...] = (), source=None, **spec_fields) -> "DrafterSpec":
+        """The spec of a drafter whose whole work is the compiled class ``core`` (bound with
+        ``bind_sequence_drafter``): its class is ``compiled_drafter(core, options, ordered,
+        source)``; ``spec_fields`` are the rest of ``DrafterSpec``'s fields."""
+        return cls(name, description, compiled_drafter(core, options, ordered, source), **spec_fields)
+
+
+def compiled_drafter(core: type, options: tuple[Option, ...] = (), ordered: tuple[tuple[str, str], ...] = (),
+                     source=None) -> type:
+    """A ``CoreSequenceDrafter`` class over ``core``, a class of the compiled core of the
+    sequence protocol whose constructor keywords are the names of ``options``: its
+    constructor takes ``n_draft`` and the options by keyword, checks them (and the pairs
+    ``(a, b)`` of ``ordered``, ``a <= b``) and builds ``core`` with every option's value.
+    ``source``: the ``Source`` of its proposals when ``core`` does not say (None: the base's).
+    A drafter that reads shared state (a cache, a store) writes its own class instead."""
+    names = tuple(o.name for o in options)
+
+    def __init__(self, n_draft: int = N_DRAFT, **values):
+        CoreSequenceDrafter.__init__(self, n_draft)
+        self._set_options(**({o.name: o.default for o in options} | values))
+        self._impl = core(**{n: getattr(self, n) for n in names})
+
+    attrs = {"OPTIONS": tuple(options), "ORDERED": tuple(ordered), "__init__": __init__,
+             "__doc__": core.__doc__, "__module__": __name__, "__qualname__": core.__name__}
+    if source is not None:
+        attrs["_SOURCE"] = source
+    return type(core.__name__, (CoreSequenceDrafter,), attrs)
 
 
 _lock = threading.Lock()
