@@ -33,15 +33,11 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("llama_cpp")
 
-try:
-    from support import SERVE_CTX as CTX, Server
-except ImportError:  # a checkout where the served-process helper lives in test_serve
-    from test_serve import CTX, Server
+from support import FIXED_DRAFT, SERVE_CTX, Server
 
 pytestmark = pytest.mark.model
 
 KEY = "test-key-0123456789"
-FIXED = "--fixed-draft"
 
 
 def _request(url: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
@@ -67,8 +63,8 @@ def _error(raw: bytes) -> dict:
 def server(tmp_path_factory):
     key_file = tmp_path_factory.mktemp("key") / "key"
     key_file.write_text(KEY + "\n")
-    s = Server(FIXED, "--no-memory", "--api-key-file", str(key_file), "--max-queue", "4", "--max-connections", "40",
-               "--header-timeout", "5", "--body-timeout", "3")
+    s = Server(FIXED_DRAFT, "--no-memory", "--api-key-file", str(key_file), "--max-queue", "4",
+               "--max-connections", "40", "--header-timeout", "5", "--body-timeout", "3")
     yield s
     s.stop()
 
@@ -265,7 +261,7 @@ SLOW_TEMPLATE = ("{% for i in range(100000) %}{% for j in range(100000) %}{% end
 def _slow_chat_server(tmp_path, *flags) -> Server:
     template = tmp_path / "slow.jinja"
     template.write_text(SLOW_TEMPLATE)
-    return Server(FIXED, "--no-memory", "--chat-template-file", str(template), *flags)
+    return Server(FIXED_DRAFT, "--no-memory", "--chat-template-file", str(template), *flags)
 
 
 def _post_in_thread(url: str, body: bytes, out: dict) -> threading.Thread:
@@ -302,7 +298,7 @@ def test_sigterm_while_a_prompt_is_tokenized_is_a_503_shutting_down(tmp_path):
 
 @pytest.mark.parametrize("sig,status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_second_signal_exits_at_once_without_tracebacks(sig, status):
-    s = Server(FIXED, "--no-memory", "--shutdown-timeout", "60")
+    s = Server(FIXED_DRAFT, "--no-memory", "--shutdown-timeout", "60")
     out: dict = {}
     long = json.dumps({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 1500, "speculative": {"enabled": False},
                        "cache_prompt": False}).encode()
@@ -335,8 +331,8 @@ def test_a_second_signal_exits_at_once_without_tracebacks(sig, status):
 
 
 def _serve(*flags, timeout=60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "-c", str(CTX), FIXED,
-                           *flags], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "ngramcache", "serve", "-m", "smollm2", "-c", str(SERVE_CTX),
+                           FIXED_DRAFT, *flags], capture_output=True, text=True, timeout=timeout)
 
 
 def test_a_port_in_use_is_one_line_before_the_model_loads():
@@ -358,8 +354,9 @@ def test_listening_beyond_this_machine_without_a_key_warns():
         taken.listen(1)
         port = taken.getsockname()[1]
         r = _serve("--host", "0.0.0.0", "--port", str(port))
-        keyed = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "--host", "0.0.0.0", "--port", str(port)],
-                               capture_output=True, text=True, timeout=60, env={**os.environ, "NGRAMCACHE_API_KEY": KEY})
+        keyed = subprocess.run([sys.executable, "-m", "ngramcache", "serve", "--host", "0.0.0.0", "--port",
+                                str(port)], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "NGRAMCACHE_API_KEY": KEY})
     assert "warning: listening on 0.0.0.0 without an API key" in r.stderr and r.returncode == 1
     assert "warning" not in keyed.stderr and keyed.returncode == 1
 
