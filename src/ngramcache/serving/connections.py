@@ -142,7 +142,7 @@ def quiet_accept_errors(loop, log: logging.Logger, every: float = 60.0) -> None:
         if state["last"] is None or now - state["last"] >= every:
             exc = context.get("exception")
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            log.error("cannot accept connections: %s (%d times since the last report; see serve "
+            log.error("cannot accept connections: %s (accept errors since the last report: %d; see serve "
                       "--max-connections)", why, state["count"])
             state["last"], state["count"] = now, 0
 
