@@ -86,7 +86,7 @@ def test_generate_help_lists_it_and_its_options(toy, capsys):
         cli_main(["generate", "--help"])
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert re.search(r"--drafter NAME .*copy, suffix, .*pld, toy", out)
+    assert re.search(r"--drafter NAME .*: copy, suffix, [a-z0-9, -]*\btoy \(default: copy", out)
     assert "--toy-period N toy: length of the counting pattern (1-100; default 3)" in out
     assert "--toy-step" not in out  # fixed by the spec
 
@@ -243,6 +243,8 @@ def test_a_compiled_drafter_is_one_registry_entry(capsys):
     """DrafterSpec.compiled over a core class (here ngram-simple's) is a drafter like the
     built-in one: the same proposals, replayed in C++, its options checked and on the
     command line, its defaults the core's."""
+    import inspect
+
     from ngramcache import _core
     from ngramcache.drafters.llama_ngram import SIMPLE_OPTIONS, NgramSimpleDrafter
 
@@ -263,6 +265,8 @@ def test_a_compiled_drafter_is_one_registry_entry(capsys):
         assert (st.drafter, st.n_accept, st.n_drafted) == ("simple-again", want["n_accept"], want["n_drafted"])
         defaults = make_drafter("simple-again")
         assert (defaults.size_n, defaults.size_m) == tuple(_core.defaults()["NgramSimpleSequence"].values())
+        params = inspect.signature(spec.cls).parameters  # what help() shows
+        assert list(params) == ["n_draft", "size_n", "size_m"] and params["size_m"].default == defaults.size_m
         with pytest.raises(OptionError, match="size_n"):
             make_drafter("simple-again", size_n=0)
         with pytest.raises(UnknownOptionError):

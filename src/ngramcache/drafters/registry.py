@@ -33,6 +33,7 @@ and ``DrafterSpec.compiled`` makes the class of one whose work is a compiled cla
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -207,6 +208,12 @@ def compiled_drafter(core: type, options: tuple[Option, ...] = (), ordered: tupl
         self._set_options(**({o.name: o.default for o in options} | values))
         self._impl = core(**{n: getattr(self, n) for n in names})
 
+    # the signature the options make, for help() and for whatever introspects constructors
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    __init__.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+         inspect.Parameter("n_draft", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=N_DRAFT, annotation=int)]
+        + [inspect.Parameter(o.name, keyword, default=o.default, annotation=o.type) for o in options])
     attrs = {"OPTIONS": tuple(options), "ORDERED": tuple(ordered), "__init__": __init__,
              "__doc__": core.__doc__, "__module__": __name__, "__qualname__": core.__name__}
     if source is not None:
