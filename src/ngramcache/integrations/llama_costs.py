@@ -17,6 +17,7 @@ from typing import Sequence
 from ngramcache._validate import check_int
 from ngramcache.decoding import costs as _costs
 from ngramcache.decoding.costs import CostKey, cost_store_path
+from ngramcache.defaults import N_DRAFT
 from ngramcache.drafters.base import Drafter
 from ngramcache.integrations.llama_backend import backend_of, llama_cpp
 
@@ -106,7 +107,7 @@ def verify_costs(llm, max_batch: int = 9, refresh: bool = False) -> list[float]:
     return list(costs.curve()[:max_batch])
 
 
-def adaptive_drafter(llm, static=None, dynamic=None, n_draft: int = 16, ngram_min: int | None = None,
+def adaptive_drafter(llm, static=None, dynamic=None, n_draft: int = N_DRAFT, ngram_min: int | None = None,
                      ngram_max: int | None = None, refresh: bool = False, copy: bool = True,
                      drafter: str | None = None, **options) -> Drafter:
     """ngramcache's drafter for ``llm``, with draft lengths that follow this model's
