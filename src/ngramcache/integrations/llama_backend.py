@@ -16,7 +16,12 @@ except ImportError:  # the loop still runs on any Backend; real models need the 
 from ngramcache._validate import as_tokens
 from ngramcache.decoding.loop import Backend, is_backend
 
-__all__ = ["LlamaBackend", "backend_of", "need_llama"]
+__all__ = ["LlamaBackend", "backend_of", "need_llama", "MIN_PROMPT_TOKENS"]
+
+#: prompt pieces shorter than this stay in the exact context even with a prompt layout
+#: (``ngramcache.integrations.llama_prompt``): handing the KV cache over costs two copies of
+#: it, more than a few tokens decoded here
+MIN_PROMPT_TOKENS = 32
 
 
 def need_llama() -> None:
@@ -71,6 +76,11 @@ class LlamaBackend:
         self.n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model)) if llm.context_params.swa_full is False else 0
         self._batch = _Batch(max(self.n_batch, 64))
         self._pieces: dict[int, bytes] = {}
+        #: the repacked copy that decodes prompts (``ngramcache.integrations.llama_prompt``),
+        #: attached by ``make_llama``; None decodes everything here
+        self.prompt_layout = getattr(llm, "_ngramcache_prompt_layout", None)
+        self._shift = 0  # batch indices the prompt layout took off the front of the last decode
+        self._behind = False  # the prompt layout holds positions this context has not been given
 
     @classmethod
     def of(cls, llm) -> "LlamaBackend":
@@ -91,6 +101,32 @@ class LlamaBackend:
         llama_cpp.llama_set_n_threads(self.ctx, nt, ntb)
 
     def decode(self, tokens, pos0: int, logits_from: int) -> None:
+        n = len(tokens)
+        self._shift = 0
+        layout = self.prompt_layout
+        # a prompt piece (logits for its last token at most) long enough to pay for the hand-over
+        if layout is not None and logits_from >= n - 1 and n - (logits_from < n) >= MIN_PROMPT_TOKENS:
+            # behind, the layout holds the newest positions already; else it brings over what it lacks
+            n_bulk = n - 1 if logits_from < n else n
+            layout.prefill(self.ctx, tokens[:n_bulk], pos0)
+            self._behind = True
+            if n_bulk == n:
+                return
+            self._catch_up()
+            # the last token here: the first generated token's logits come from the exact kernels
+            tokens, pos0, logits_from = tokens[n_bulk:], pos0 + n_bulk, 0
+            self._shift = n_bulk  # the caller asks for the row of its batch index n - 1
+        elif self._behind:
+            self._catch_up()
+        if layout is not None:
+            layout.forget_from(pos0)
+        self._decode(tokens, pos0, logits_from)
+
+    def _catch_up(self) -> None:
+        self.prompt_layout.hand_over(self.ctx)
+        self._behind = False
+
+    def _decode(self, tokens, pos0: int, logits_from: int) -> None:
         if len(tokens) > self.n_batch:
             # llama.cpp would abort the process (GGML_ASSERT), not return an error
             raise ValueError(f"cannot decode {len(tokens)} tokens at once: n_batch is {self.n_batch}")
@@ -103,12 +139,16 @@ class LlamaBackend:
             raise RuntimeError(f"llama_decode failed (return code {rc})")
 
     def logits(self, i: int) -> np.ndarray:
-        ptr = llama_cpp.llama_get_logits_ith(self.ctx, i)
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, i - self._shift)
         if not ptr:
             raise RuntimeError(f"no logits for batch index {i}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def truncate(self, pos: int) -> None:
+        if self._behind:
+            self._catch_up()
+        if self.prompt_layout is not None:
+            self.prompt_layout.forget_from(pos)
         if not llama_cpp.llama_memory_seq_rm(self.mem, 0, pos, -1):
             raise RuntimeError(f"the KV cache refused to drop positions >= {pos}")
 
@@ -118,6 +158,8 @@ class LlamaBackend:
         attend to once it went on more than a window past ``n``."""
         if not self.n_swa:
             return True
+        if self._behind:
+            self._catch_up()
         pos_min = int(llama_cpp.llama_memory_seq_pos_min(self.mem, 0))
         return pos_min <= max(0, n - self.n_swa)
 
@@ -125,6 +167,9 @@ class LlamaBackend:
         # Llama's own bookkeeping no longer matches the KV cache after we use it
         self.llm.reset()
         llama_cpp.llama_memory_clear(self.mem, True)
+        if self.prompt_layout is not None:
+            self.prompt_layout.clear()
+        self._behind = False
 
     def is_eog(self, tok: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, tok))
