@@ -7,6 +7,7 @@ import os
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from ngramcache.cli._common import UsageError, add_output_flags, check_ranges, c
 from ngramcache.cli._drafters import add_draft_length_flag, add_drafter_flags, check_draft_length, drafter_options
 from ngramcache.cli._inputs import add_prompt_input, add_threads_flag, read_prompt
 from ngramcache.defaults import N_DRAFT
+from ngramcache.integrations.default_build import HOW_TO_BUILD, default_build_dir, plain_runs
 
 HELP = "show the speedup on a real model, offline, beside plain decoding"
 DESCRIPTION = ("Plain greedy vs llama-cpp-python's prompt lookup vs ngramcache on one prompt: tokens/s, "
@@ -31,7 +33,15 @@ ways, in turn, --repeats times:
               draft lengths chosen from the measured cost of verification on this model
               and the acceptance so far
 
-and the table shows medians with the slowest and fastest run in brackets: tokens/s for
+and, where llama-cpp-python's default build is found (bench/build_default_llama.sh makes it,
+in ~/.cache/ngramcache/llama-default or $NGRAMCACHE_DEFAULT_BUILD):
+
+  your llama-cpp-python  plain decoding on llama-cpp-python as pip builds it by default (its
+              llamafile kernels, weights repacked), in a child process: what you had before
+              installing ngramcache; the "vs yours" column divides each method's end-to-end
+              tok/s by it
+
+The table shows medians with the slowest and fastest run in brackets: tokens/s for
 generation alone and end to end (prompt included), speedups over plain, drafted/accepted
 tokens, and whether each output is token for token identical to plain greedy. A warning
 says when one method's runs differ by more than 2x (a busy machine: the medians then
@@ -68,6 +78,9 @@ def add_parser(sub) -> None:
 
 
 METHODS = ("plain", "llama-cpp", "ngramcache")
+#: plain decoding on llama-cpp-python's default build (``ngramcache.integrations.default_build``):
+#: what a user had before installing ngramcache, measured where that build is found
+BASELINE = "your llama-cpp-python"
 #: runs of one method further apart than this (fastest / slowest) make its median doubtful
 SPREAD_WARNING = 2.0
 
@@ -127,12 +140,19 @@ def run(args) -> int:
         top2 = np.partition(row, -2)[-2:]
         gaps[i] = float(top2[1] - top2[0])
 
-    runs = {m: [] for m in METHODS}
+    # the user's baseline: plain decoding on llama-cpp-python as pip builds it, in a child process
+    base_dir = default_build_dir()
+    methods = METHODS + ((BASELINE,) if base_dir is not None else ())
+    if base_dir is None:
+        say(f"your llama-cpp-python: not measured; {HOW_TO_BUILD}")
+    runs = {m: [] for m in methods}
     why = []  # why the ngramcache runs that drafted nothing did not
     for r in range(args.repeats):
-        order = METHODS if r % 2 == 0 else METHODS[::-1]  # alternate, so drift hits all alike
+        order = methods if r % 2 == 0 else methods[::-1]  # alternate, so drift hits all alike
         for method in order:
-            if method == "plain":
+            if method == BASELINE:
+                res = _baseline_run(base_dir, model, prompt, args)
+            elif method == "plain":
                 res = nl.generate(llm, prompt, None, args.n_predict, **({} if r else {"on_logits": record_gap}))
             elif method == "llama-cpp":
                 res = nl.generate_llama_cpp(llm_llp, prompt, args.n_predict)
@@ -146,6 +166,7 @@ def run(args) -> int:
                 f"{res.gen_tokens_per_s:6.1f} tok/s generation, {res.e2e_tokens_per_s:6.1f} tok/s end to end")
 
     rows = summarise(runs, n_prompt, gaps)
+    add_baseline(rows)
     warnings = spread_warnings(rows)
     if not args.quiet:
         for w in warnings:
@@ -161,6 +182,30 @@ def run(args) -> int:
               "n_predict": args.n_predict, "repeats": args.repeats, "exactness": exactness, "methods": rows,
               "notes": notes, "warnings": warnings, "why_no_drafts": why, "text": out_text}
     return emit(args, result, title="", columns=table_columns(rows), text=text)
+
+
+def _baseline_run(folder, model: str, prompt: bytes, args) -> SimpleNamespace:
+    """One plain run on the default build, shaped as the other methods' results."""
+    try:
+        (run,) = plain_runs(folder, model, prompt, args.n_predict, args.threads, 1)
+    except RuntimeError as e:
+        raise UsageError(f"{folder}: {e}") from None
+    gen, e2e, n = run["gen_tok_s"], run["e2e_tok_s"], len(run["tokens"])
+    return SimpleNamespace(tokens=np.asarray(run["tokens"], dtype=np.int32), n_tokens=n, gen_tokens_per_s=gen,
+                           e2e_tokens_per_s=e2e, t_prompt=run["t_prompt"], drafted=0, accepted=0, steps=n,
+                           text="")
+
+
+def add_baseline(rows: list[dict]) -> None:
+    """Each row's end-to-end speedup over the user's baseline (``vs_yours``; None where the
+    default build was not measured). The baseline's own text comes from other kernels, so
+    whether it equals plain's says nothing about drafting: ``identical`` is None there."""
+    base = next((r for r in rows if r["method"] == BASELINE), None)
+    for r in rows:
+        r["vs_yours"] = round(r["e2e_tok_s"] / base["e2e_tok_s"], 3) if base and base["e2e_tok_s"] else None
+    if base is not None:
+        base["identical"] = None
+        base["first_difference"] = None
 
 
 def _median_range(values: list[float]) -> tuple[float, float, float]:
@@ -235,7 +280,7 @@ def identity_notes(rows: list[dict], exactness: dict | None) -> list[str]:
     why_not = "" if exactness is None or not exactness["causes"] else " (" + "; ".join(exactness["causes"]) + ")"
     notes = []
     for r in rows:
-        if r["method"] == "plain":
+        if r["method"] in ("plain", BASELINE):
             continue
         who = "llama-cpp-python's own lookup" if r["method"] == "llama-cpp" else "ngramcache"
         if r["identical"]:
@@ -262,11 +307,14 @@ def _cell(value: float, rng: list[float]) -> str:
 
 def table_columns(rows: list[dict]) -> tuple:
     """The demo table's (head, body) for emit: medians, (slowest-fastest run) beside them."""
-    head = ("method", "gen tok/s", "speedup", "e2e tok/s", "e2e speedup", "prompt s",
-            "drafted", "accepted", "accept %", "identical")
+    yours = any(r.get("vs_yours") is not None for r in rows)
+    head = ("method", "gen tok/s", "speedup", "e2e tok/s", "e2e speedup") + (("vs yours",) if yours else ()) + (
+        "prompt s", "drafted", "accepted", "accept %", "identical")
     body = [(r["method"], _cell(r["gen_tok_s"], r["gen_tok_s_range"]), f"{r['gen_speedup']:.2f}x",
-             _cell(r["e2e_tok_s"], r["e2e_tok_s_range"]), f"{r['e2e_speedup']:.2f}x", f"{r['prompt_s']:.2f}",
-             str(r["drafted"]), str(r["accepted"]),
-             f"{100 * r['acceptance']:.1f}" if r["acceptance"] is not None else "-",
-             "yes" if r["identical"] else f"NO @{r['first_difference']['token']}") for r in rows]
+             _cell(r["e2e_tok_s"], r["e2e_tok_s_range"]), f"{r['e2e_speedup']:.2f}x")
+            + ((f"{r['vs_yours']:.2f}x",) if yours else ())
+            + (f"{r['prompt_s']:.2f}", str(r["drafted"]), str(r["accepted"]),
+               f"{100 * r['acceptance']:.1f}" if r["acceptance"] is not None else "-",
+               "-" if r["identical"] is None else "yes" if r["identical"] else f"NO @{r['first_difference']['token']}")
+            for r in rows]
     return head, body

@@ -31,7 +31,7 @@ import ngramcache.models as models
 from ngramcache._validate import check_int
 from ngramcache.decoding.loop import GenerationResult
 from ngramcache.drafters.base import Drafter
-from ngramcache.integrations import exactness
+from ngramcache.integrations import exactness, llama_prompt
 from ngramcache.integrations.exactness import ExactnessReport, check_exact, exactness_status, no_weight_repacking
 from ngramcache.integrations.llama_backend import LlamaBackend, backend_of, llama_cpp, need_llama
 from ngramcache.integrations.llama_costs import (_cost_key, adaptive_drafter, calibrate, cost_store_path,  # noqa: F401
@@ -49,10 +49,6 @@ __all__ = [
 #: at most this many threads by default: more rarely help a small model
 MAX_DEFAULT_THREADS = 8
 
-# the names earlier releases had here, for code that reached for them
-_need_llama = need_llama
-_backend = backend_of
-
 
 def default_threads() -> int:
     """Threads for single tokens and batches alike: the usable CPUs, at most 8."""
@@ -61,7 +57,8 @@ def default_threads() -> int:
 
 def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int = 512,
                n_threads: int | None = None, n_threads_batch: int | None = None,
-               verbose: bool = False, exact: bool | None = None, **kwargs) -> "llama_cpp.Llama":
+               verbose: bool = False, exact: bool | None = None, prompt_layout: bool | None = None,
+               **kwargs) -> "llama_cpp.Llama":
     """A ``llama_cpp.Llama`` configured for speculative decoding.
 
     ``drafter``: a ``LlamaDraftModel`` (e.g. ``LlamaDrafter``) or any ``Drafter``
@@ -92,6 +89,16 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     ``exact=False`` loads with llama-cpp-python's own defaults: faster on some models (the
     costs are in docs/exactness.md), with output that can leave plain decoding's after a
     near tie.
+
+    Prompt layout (``prompt_layout``; exact models without a drafter): None (the default,
+    unless the environment variable ``NGRAMCACHE_PROMPT_LAYOUT`` is ``0``) loads a second,
+    repacked copy of the weights for prompts when this CPU repacks some of the model's
+    matrices; True loads it whatever the types, False never. Prompts of at least
+    ``MIN_PROMPT_TOKENS`` tokens then run through the repacked kernels (much faster on Q4_K,
+    Q4_0 and IQ4_NL weights) and the exact context takes over their KV cache
+    (``ngramcache.integrations.llama_prompt``): plain and speculative decoding still give
+    the same tokens (``==``), at the cost of the repacked weights' memory
+    (``llm._ngramcache_prompt_layout.memory_bytes``).
     """
     need_llama()
     if exact is None:
@@ -125,9 +132,20 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     # llama.cpp prints a few lines while loading even with verbose=False
     with suppress_stdout_stderr(disable=verbose), \
             exactness.no_weight_repacking() if exact else contextlib.nullcontext():
-        return llama_cpp.Llama(model_path=path, draft_model=drafter, n_ctx=n_ctx, n_batch=n_batch,
-                               n_threads=n_threads, n_threads_batch=n_threads_batch, verbose=verbose,
-                               **kwargs)
+        llm = llama_cpp.Llama(model_path=path, draft_model=drafter, n_ctx=n_ctx, n_batch=n_batch,
+                              n_threads=n_threads, n_threads_batch=n_threads_batch, verbose=verbose,
+                              **kwargs)
+    if prompt_layout is None:
+        prompt_layout = os.environ.get("NGRAMCACHE_PROMPT_LAYOUT", "").strip() != "0" and None
+    if exact and drafter is None and prompt_layout is not False:
+        if prompt_layout or llama_prompt.repacked_tensor_count(path, exactness.build_info()["system_info"]):
+            rss0 = _anonymous_bytes()
+            with suppress_stdout_stderr(disable=verbose):
+                twin = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                       n_threads_batch=n_threads_batch, verbose=verbose, **kwargs)
+            n_swa = int(llama_cpp.llama_model_n_swa(twin._model.model)) if twin.context_params.swa_full is False else 0
+            llm._ngramcache_prompt_layout = llama_prompt.PromptLayout(twin, max(0, _anonymous_bytes() - rss0), n_swa)
+    return llm
 
 
 def generate(llm, prompt, drafter: Drafter | None = None, max_tokens: int = 128, **kw) -> GenerationResult:
@@ -140,3 +158,17 @@ def stream(llm, prompt, drafter: Drafter | None = None, max_tokens: int = 128, *
     """:class:`ngramcache.decoding.loop.Stream` on a ``llama_cpp.Llama`` or any ``Backend``:
     iterate over the text pieces, then read ``.result``."""
     return generation.Stream(backend_of(llm), prompt, drafter, max_tokens, **kw)
+
+
+def _anonymous_bytes() -> int:
+    """This process's anonymous memory (what a second copy of mapped weights adds is its
+    repacked matrices and buffers, not the file's pages, which both copies share); 0 where
+    /proc does not say."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Anonymous:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
