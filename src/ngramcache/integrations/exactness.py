@@ -263,7 +263,7 @@ def measure_exactness(llm, prompt=None, n_tokens: int = CHECK_TOKENS, chunk: int
     prompt, and compare the logits rows. Clears ``llm``'s KV cache. A few seconds for the
     packaged models."""
     from ngramcache._validate import check_int
-    from ngramcache.integrations.llama import LlamaBackend
+    from ngramcache.integrations.llama_backend import LlamaBackend
 
     n_tokens = check_int("n_tokens", n_tokens, 1)
     chunk = check_int("chunk", chunk, 1)
@@ -325,7 +325,7 @@ def measure_exactness(llm, prompt=None, n_tokens: int = CHECK_TOKENS, chunk: int
 def exactness_store_path() -> str:
     """``exactness.json`` in the folder of ``cost_store_path()`` ($NGRAMCACHE_CACHE_DIR,
     else ``ngramcache`` under $XDG_CACHE_HOME or ~/.cache)."""
-    from ngramcache.integrations.llama import cost_store_path
+    from ngramcache.decoding.costs import cost_store_path
 
     return os.path.join(os.path.dirname(cost_store_path()), "exactness.json")
 
