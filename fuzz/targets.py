@@ -236,19 +236,19 @@ def cost_store(data: bytes) -> None:
     import json
     import math
 
-    from ngramcache import llama
+    from ngramcache.integrations import llama_costs
 
     model = scratch() / "model.gguf"
     if not model.exists():
         model.write_bytes(b"GGUF")
-    key = json.dumps(llama._cost_key(str(model), 2, 2))[1:-1].encode()
+    key = json.dumps(llama_costs._cost_key(str(model), 2, 2))[1:-1].encode()
     path = _write("costs.json", data.replace(COST_KEY, key))
-    costs = llama.load_costs(str(model), 2, 2, str(path))
+    costs = llama_costs.load_costs(str(model), 2, 2, str(path))
     require(costs is None or (isinstance(costs, list) and costs and
                               all(isinstance(c, float) and math.isfinite(c) and c > 0 for c in costs)),
             f"load_costs returned {costs!r}")
-    llama.store_costs(str(model), 2, 2, [0.25, 0.5], str(path))
-    require(llama.load_costs(str(model), 2, 2, str(path)) == [0.25, 0.5], "stored costs do not load back")
+    llama_costs.store_costs(str(model), 2, 2, [0.25, 0.5], str(path))
+    require(llama_costs.load_costs(str(model), 2, 2, str(path)) == [0.25, 0.5], "stored costs do not load back")
 
 
 # ----------------------------------------------------------------------------------------

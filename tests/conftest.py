@@ -346,7 +346,7 @@ def _fake_result(prompt, text="<7><8>"):
 def fake_llama(monkeypatch, tmp_path):
     """ngramcache.integrations.llama with a fake model: records every prompt given to generate."""
     from types import ModuleType, SimpleNamespace
-    from ngramcache import llama as nl
+    import ngramcache.integrations.llama as nl
     seen = []
 
     def generate(llm, prompt, drafter=None, max_tokens=128, on_tokens=None, **kw):

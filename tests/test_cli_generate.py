@@ -77,7 +77,7 @@ def _fake_chat_model(monkeypatch, template: str | None):
     """make_llama gives a model whose GGUF holds ``template`` (None: no chat template) and whose
     tokenizer turns each byte into one id, so that the prompt generate receives reads back."""
     from types import SimpleNamespace
-    from ngramcache import llama as nl
+    import ngramcache.integrations.llama as nl
 
     def tokenize(text: bytes, add_bos: bool = True, special: bool = False):
         return ([1] if add_bos else []) + list(text)

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import ngramcache as nc  # noqa: E402
-from ngramcache import hf  # noqa: E402
+import ngramcache.integrations.hf as hf  # noqa: E402
 from ngramcache.integrations import hf_extra  # noqa: E402
 from ngramcache.drafters.catalog import DRAFTERS, make_drafter  # noqa: E402
 

@@ -36,6 +36,34 @@ def test_every_export_exists():
     assert not missing
 
 
+@pytest.mark.parametrize("short, module", [("ngramcache.llama", "ngramcache.integrations.llama"),
+                                           ("ngramcache.hf", "ngramcache.integrations.hf")])
+def test_short_entry_points_hold_their_modules_public_names(short, module):
+    """``ngramcache.llama`` and ``ngramcache.hf`` are modules of their own (not another module
+    under a second name) that import exactly the public names of the module defining them."""
+    import importlib
+
+    try:
+        entry, real = importlib.import_module(short), importlib.import_module(module)
+    except ImportError as e:  # an extra that is not installed
+        pytest.skip(f"{module} cannot be imported here: {e}")
+    assert entry is not real and entry.__name__ == short
+    assert entry.__all__ == real.__all__
+    assert [n for n in entry.__all__ if getattr(entry, n) is not getattr(real, n)] == []
+    assert {n for n in vars(entry) if not n.startswith("_")} == set(entry.__all__)
+
+
+def test_no_module_puts_itself_under_another_name():
+    """One name per module: none replaces itself in sys.modules (as a second name for another)."""
+    src = ROOT / "src" / "ngramcache"
+    swaps = [str(p.relative_to(src)) for p in src.rglob("*.py")
+             if re.search(r"sys\.modules\[__name__\]\s*=", p.read_text(encoding="utf-8"))]
+    assert swaps == []
+    assert not [name for name in ("generation", "server", "sharded", "speculative", "text", "tokenizers")
+                if (src / f"{name}.py").exists()]
+    assert not hasattr(nc, "speculative")
+
+
 def test_type_information_is_installed():
     pkg = files("ngramcache")
     assert pkg.joinpath("py.typed").is_file()

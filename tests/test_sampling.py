@@ -12,7 +12,7 @@ import pytest
 
 from conftest import PROMPT, PROMPTS, reference, run_cli
 from ngramcache import CopyDrafter, LookupDrafter, OracleDrafter, PromptCache, SuffixDrafter
-from ngramcache.decoding.loop import generate, stream
+from ngramcache.decoding.loop import Stream, generate
 from ngramcache.decoding.sampling import Sampler, SeededSampler, gumbel_noise, make_sampler
 from support import FakeModel, RejectingDrafter
 
@@ -285,7 +285,7 @@ def test_prompt_cache_and_stream_give_the_same_seeded_text():
     generate(fm, PROMPT[:20], LookupDrafter(), 30, prompt_cache=pc, **kw)
     r = generate(fm, PROMPT, LookupDrafter(), 60, prompt_cache=pc, **kw)
     assert r.n_cached > 0 and r.tokens.tolist() == want
-    st = stream(FakeModel(peaked=False), PROMPT, RejectingDrafter(4), 60, **kw)
+    st = Stream(FakeModel(peaked=False), PROMPT, RejectingDrafter(4), 60, **kw)
     assert "".join(st) == "".join(f"<{t}>" for t in want)
     assert st.result.tokens.tolist() == want
 

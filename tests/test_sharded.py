@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ngramcache import NgramCache, StaticTable, sharded
+import ngramcache.corpus.sharded as sharded
+from ngramcache import NgramCache, StaticTable
 from conftest import run_cli
 from support import tiny_hf_json  # noqa: F401 (a fixture)
 from ngramcache.cli._caches import cache_to_table

@@ -15,7 +15,7 @@ from support import smollm2_path, stdlib_corpus
 pytest.importorskip("distributed", reason="the 'distributed' extra (Dask) is not installed")
 pytestmark = pytest.mark.model
 
-from ngramcache import sharded  # noqa: E402
+import ngramcache.corpus.sharded as sharded  # noqa: E402
 from ngramcache.files import expand_inputs  # noqa: E402
 
 PIECE = "8192"     # small pieces, so long files get split between shards

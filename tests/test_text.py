@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import _stdlib_text
-from ngramcache import text as TX
+import ngramcache.corpus.text as TX
 
 
 # An independent transcription of llama.cpp's string_process_escapes (common.cpp), byte by

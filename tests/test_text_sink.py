@@ -8,7 +8,7 @@ import pytest
 
 from conftest import PROMPT, reference
 from ngramcache import CopyDrafter
-from ngramcache.decoding.loop import Stream, generate, stream
+from ngramcache.decoding.loop import Stream, generate
 from ngramcache._prefix import accepted_prefix
 from ngramcache.decoding.text_sink import TextSink
 from support import FakeModel
@@ -77,7 +77,6 @@ def test_stream_pieces_equal_the_result_text_and_end_of_generation_adds_none():
     assert "".join(pieces) == st.result.text
     assert st.result.text == TextSink.text_of(MultiByteModel(eos=eos), want[: want.index(eos)])
     assert "<eos>" not in st.result.text
-    assert stream is Stream  # the earlier name
 
 
 def test_stream_stops_when_on_tokens_says_so():
@@ -87,7 +86,7 @@ def test_stream_stops_when_on_tokens_says_so():
         seen.extend(tokens)
         return len(seen) >= 5
 
-    st = stream(FakeModel(), PROMPT, CopyDrafter(n_draft=4), 80, on_tokens=on_tokens)
+    st = Stream(FakeModel(), PROMPT, CopyDrafter(n_draft=4), 80, on_tokens=on_tokens)
     text = "".join(st)
     assert st.result.stop_reason == "stop" and st.result.tokens.tolist() == seen
     assert text == st.result.text == generate(FakeModel(), PROMPT, None, len(seen)).text

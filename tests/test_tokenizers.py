@@ -14,8 +14,8 @@ import pytest
 
 from conftest import _stdlib_text
 from ngramcache import models as M
-from ngramcache import text as TX
-from ngramcache import tokenizers as T
+import ngramcache.corpus.text as TX
+import ngramcache.corpus.tokenizers as T
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 HAVE_HF = importlib.util.find_spec("tokenizers") is not None

@@ -15,7 +15,6 @@ from ngramcache.decoding.loop import PromptCache
 from ngramcache.static_table import StaticTable
 from ngramcache.replays import ReplayStats, replay
 from ngramcache.drafters.suffix import SuffixDrafter, SuffixStore
-import ngramcache.drafters.llama_ngram as speculative
 from ngramcache.drafters.llama_ngram import NgramMapDrafter, NgramModDrafter, NgramSimpleDrafter
 
 try:  # one source of truth: pyproject.toml

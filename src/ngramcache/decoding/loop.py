@@ -7,7 +7,7 @@ one decode per step of [last token + draft], logits only where a token is decide
 for the prompt), rejected positions removed from the KV cache, and greedy or sampled
 verification that yields exactly what the model alone would (same argmax, or same
 distribution: a drafted token is kept only when the model's own choice equals it).
-:class:`Stream` hands out the text as it is settled (``stream`` is its earlier name).
+:class:`Stream` hands out the text as it is settled.
 
 This module does not need llama-cpp-python.
 """
@@ -26,7 +26,7 @@ from ngramcache.decoding.sampling import Sampler, make_sampler
 from ngramcache.decoding.text_sink import TextSink
 from ngramcache.drafters.base import Drafter
 
-__all__ = ["Backend", "GenerationResult", "PromptCache", "Sampler", "Stream", "generate", "stream"]
+__all__ = ["Backend", "GenerationResult", "PromptCache", "Sampler", "Stream", "generate"]
 
 
 class Backend(Protocol):
@@ -206,10 +206,6 @@ class Stream:
         tail = sink.flush()
         if tail:
             yield tail
-
-
-#: the earlier, lowercase name of :class:`Stream`
-stream = Stream
 
 
 def generate(backend: Backend, prompt, drafter: Drafter | None = None, max_tokens: int = 128, *,
