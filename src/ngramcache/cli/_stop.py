@@ -84,6 +84,7 @@ def save(fn, *args, **kwargs):
     error = outcome.get("error")
     if error is None:
         _State.phase = "saved"  # from here on the output is the new one, whatever comes
+        _core.resume_saves()  # a stop that came after the rename stopped nothing
         pause_point("renamed")
         return outcome["result"]
     _State.phase = "work"

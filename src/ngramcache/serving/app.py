@@ -102,6 +102,10 @@ class ChatRequest(_Common):
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# JSON text brings a lone surrogate in only as an escape (UTF-8 cannot encode one): a body
+# without "\uD800".."\uDFFF" escapes needs no walk (a search of 16 MB of text as a str
+# takes 80 ms, of its bytes 4 ms)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _escaped(key: str) -> str:
@@ -155,7 +159,8 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
     if not isinstance(data, dict):
         raise RequestError(f"the request body must be a JSON object, not {type(data).__name__}",
                            code="invalid_json")
-    _check_unicode(data)
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_unicode(data)
     try:
         return model.model_validate(data)
     except ValidationError as e:
