@@ -12,6 +12,7 @@ drafted and accepted tokens of any draft model there.
 from __future__ import annotations
 
 import abc
+import sys
 import time
 
 import numpy as np
@@ -31,7 +32,7 @@ from ngramcache.decoding.loop import GenerationResult
 from ngramcache._prefix import accepted_prefix
 from ngramcache.drafters.base import Drafter
 from ngramcache.integrations.follower import Following, SequenceFollower
-from ngramcache.integrations.llama_backend import LlamaBackend, need_llama
+from ngramcache.integrations.llama_backend import LlamaBackend, llama_cpp, need_llama
 
 __all__ = ["LlamaDraftModel", "LlamaDrafter", "CountingDraftModel", "generate_llama_cpp", "check_llama"]
 
@@ -44,7 +45,50 @@ def check_llama(llm) -> None:
             f"this Llama has a draft model but room for only {llm.scores.shape[0]} rows of logits "
             f"(n_ctx={llm.n_ctx()}): llama-cpp-python 0.3.36 then fails once the sequence passes "
             "n_batch tokens (ValueError: could not broadcast ... into shape (0,)). Create it with "
-            "logits_all=True, or with ngramcache.integrations.llama.make_llama")
+            "ngramcache.llama.make_llama (or logits_all=True), or decode with ngramcache.llama.generate, "
+            "which needs no draft model")
+
+
+#: how many frames up from a draft model's call ``Llama.generate`` may be (draft models that
+#: wrap another, such as ``CountingDraftModel``, add one each)
+_MAX_WRAPPERS = 6
+
+
+def calling_llama():
+    """The ``llama_cpp.Llama`` whose own loop is calling the draft model that calls this,
+    or None. llama-cpp-python hands a draft model the tokens only; its ``generate`` is the
+    caller, a frame or a few (wrapping draft models) up, with the ``Llama`` as ``self``."""
+    if llama_cpp is None:
+        return None
+    frame = sys._getframe(2)  # past this function and the draft model's __call__
+    for _ in range(_MAX_WRAPPERS):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, llama_cpp.Llama):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def grow_score_rows(llm) -> bool:
+    """Give ``llm`` a row of logits for every position of its context, as ``logits_all=True``
+    does when it is created; True if it had fewer rows.
+
+    llama-cpp-python 0.3.36 keeps the logits of every token once a ``Llama`` has a draft model,
+    but sizes their buffer by ``logits_all``: created with ``logits_all=False`` (its default)
+    and ``n_ctx > n_batch``, it has ``n_batch`` rows, and its first evaluation past them fails
+    with "could not broadcast input array ... into shape (0,)". The new buffer is committed
+    lazily, page by page, as llama-cpp-python's own is."""
+    rows, n_vocab = llm.scores.shape
+    n_ctx = llm.n_ctx()
+    if rows >= n_ctx:
+        return False
+    grown = np.ndarray((n_ctx, n_vocab), dtype=llm.scores.dtype)
+    n = min(int(llm.n_tokens), rows)
+    grown[:n] = llm.scores[:n]
+    llm.scores = grown
+    return True
 
 
 class LlamaDrafter(Following, LlamaDraftModel):
@@ -57,6 +101,17 @@ class LlamaDrafter(Following, LlamaDraftModel):
     in ``resets``). A draft is at most ``n_max`` tokens (None: the drafter's ``n_draft``,
     8 for a drafter without one). ``drafted`` and ``accepted`` count the drafted tokens
     llama-cpp-python has verified and those it kept; ``stats`` are the drafter's own.
+
+    Build the ``Llama`` with ``ngramcache.llama.make_llama(path, drafter)``: it is then exact
+    and has room for the logits a draft model makes llama-cpp-python keep. A ``Llama(...,
+    draft_model=LlamaDrafter(...))`` made by hand with ``logits_all=False`` (llama-cpp-python's
+    default) has room for only ``n_batch`` tokens' logits and fails once the sequence passes
+    them (llama-cpp-python 0.3.36's bug, see :func:`grow_score_rows`). At its first call,
+    which comes after the first prompt was evaluated, the drafter gives that ``Llama`` the
+    rows it lacks, so longer outputs and later prompts of any length work; a FIRST prompt
+    longer than ``n_batch`` still fails inside llama-cpp-python, before any draft model runs
+    (``make_llama`` avoids that too, and :func:`~ngramcache.integrations.llama.generate`
+    needs no draft model).
     """
 
     def __init__(self, drafter: Drafter, n_max: int | None = None):
@@ -65,6 +120,9 @@ class LlamaDrafter(Following, LlamaDraftModel):
 
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
         """The draft to follow ``input_ids`` (llama-cpp-python's call)."""
+        llm = calling_llama()
+        if llm is not None:  # a Llama made by hand may lack rows for the tokens drafted now
+            grow_score_rows(llm)
         self._follower.follow(input_ids)
         n = self.n_max if self.n_max is not None else getattr(self.drafter, "n_draft", 8)
         out = np.asarray(self.drafter.propose(n), dtype=np.intc)
