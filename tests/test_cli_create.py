@@ -79,6 +79,21 @@ def test_create_counts_in_chunks_like_one_update(tmp_path, capsys, monkeypatch):
     assert canonical_bytes(NgramCache.load(tmp_path / "o.bin")) == canonical_bytes(ref)
 
 
+def test_create_on_a_directory_of_many_binary_files_says_so_in_one_line(tmp_path, capsys, tiny_hf_json):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("one two three one two three\n")
+    for i in range(50):
+        (corpus / f"blob{i:02}.bin").write_bytes(b"\0binary")
+    rc, _, err = run_cli(capsys, "create", "--tokenizer", tiny_hf_json, "-f", corpus,
+                         "-lcs", tmp_path / "o.bin")
+    assert rc == 0, err
+    lines = [line for line in err.splitlines() if "binary" in line]
+    assert len(lines) == 1
+    assert lines[0].startswith("create: skipped 50 binary files (a NUL byte in the first 8 KiB): ")
+    assert "blob00.bin, " in lines[0] and lines[0].endswith("and 47 more (--json lists them all)")
+
+
 @pytest.mark.model
 def test_create_stdlib_directory_with_model(tmp_path, capsys):
     corpus = stdlib_corpus(tmp_path)
@@ -86,7 +101,7 @@ def test_create_stdlib_directory_with_model(tmp_path, capsys):
     out = tmp_path / "lib.bin"
     rc, stdout, err = run_cli(capsys, "create", "-m", smollm2_path(), "-f", corpus, "-lcs", out)
     assert rc == 0, err
-    assert "skipping binary file" in err and "blob.dat" in err
+    assert "create: skipped 1 binary file (a NUL byte in the first 8 KiB): " in err and "blob.dat" in err
     assert "create: done" in stdout and "tokens" in stdout and "peak memory" in stdout
     from ngramcache.corpus.tokenizers import load_tokenizer
     toks = tokenize_files(sorted(p for p in corpus.iterdir() if p.suffix == ".py"), load_tokenizer("smollm2"), jobs=1)

@@ -60,9 +60,21 @@ def text_files(args) -> tuple[list, list]:
                        + (f" ({len(skipped)} binary files skipped)" if skipped else ""))
     for f in files:
         read_input(f, 1)
-    for s in skipped:
-        note(args, f"{args.command}: skipping binary file {s}")
+    if skipped:
+        note(args, skipped_note(args.command, skipped))
     return files, skipped
+
+
+#: binary files named in the note on skipped files (a directory may hold hundreds; --json lists all)
+SKIPPED_NAMED = 3
+
+
+def skipped_note(command: str, skipped: list) -> str:
+    """One line for the binary files a directory's expansion skipped: their count and the first few."""
+    names = ", ".join(str(s) for s in skipped[:SKIPPED_NAMED])
+    more = f" and {len(skipped) - SKIPPED_NAMED} more (--json lists them all)" if len(skipped) > SKIPPED_NAMED else ""
+    files = "file" if len(skipped) == 1 else "files"
+    return f"{command}: skipped {len(skipped)} binary {files} (a NUL byte in the first 8 KiB): {names}{more}"
 
 
 def read_text_input(args, timer) -> tuple:
