@@ -105,6 +105,9 @@ def main(argv=None) -> int:
                           f"{r['gen_tok_s']:6.1f} tok/s, drafted {r['drafted']}, accepted {r['accepted']}"
                           + (f" ({r['why_no_drafts']})" if r["why_no_drafts"] else ""), flush=True)
                 runs.append(pair)
+                if args.json:  # after every pair: a run cut short keeps what it measured
+                    Path(args.json).write_text(json.dumps({"busy": args.busy, "tokens": args.tokens,
+                                                           "loadavg_before": load_before, "pairs": runs}, indent=1))
         finally:
             stop.set()
             for p in procs:

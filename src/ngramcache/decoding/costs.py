@@ -211,8 +211,9 @@ class LearnedCosts:
 
     It starts as ``prior`` (seconds or ratios, only ratios matter). :meth:`observe` takes
     each verification's size and wall time; per batch size the last ``window`` times are
-    kept, a time beyond ``spike`` times its size's median counted as that (the process
-    descheduled for a while: a busy machine makes the curve noisy, not wrong). Once
+    kept, a time beyond ``spike`` times its size's median (while a size has few times: beyond
+    ``spike`` times what the curve expects of it) counted as that (the process descheduled for
+    a while: a busy machine makes the curve noisy, not wrong). Once
     ``MIN_PLAIN`` one-token steps have been timed, their median is the unit; a size's
     ratio is its median over the unit, shrunk towards the prior as if the prior were
     ``PRIOR_SAMPLES`` of its times. Sizes never verified follow the prior with its extra
@@ -268,6 +269,9 @@ class LearnedCosts:
                 if median is None:  # the median is refreshed with the curve, every few steps
                     median = self._medians[i] = statistics.median(q)
                 seconds = min(seconds, self.spike * median)
+            elif i and len(self._times[0]) >= MIN_PLAIN and self._medians[0] is not None:
+                # a batch size seen a few times only: against what the curve expects of it
+                seconds = min(seconds, self.spike * self._medians[0] * self._curve[i])
             q.append(float(seconds))
             self._dirty.add(i)
             self.n_observed += 1
