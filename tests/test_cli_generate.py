@@ -22,6 +22,15 @@ def test_generate_prompt_rules(tmp_path, capsys, fake_llama, flags, content, wan
     assert "n_accept     = 1\naccept       = 100.000%\n" in err and err.startswith("encoded ")
 
 
+def test_generate_quiet_prints_the_text_and_nothing_on_stderr(capsys, fake_llama):
+    seen, model = fake_llama
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "--no-draft", "-p", "hi", "-q", "--no-prompt")
+    assert rc == 0 and seen == [b"hi"]
+    assert out == "<7><8>\n\n" and err == ""
+    rc, out, err = run_cli(capsys, "generate", "-m", model, "--no-draft", "-p", "hi", "-q", "--json")
+    assert rc == 0 and json.loads(out)["n_decoded"] == 2 and err == ""  # --json keeps its figures
+
+
 def test_generate_fails_before_the_model_for_a_dynamic_cache_in_a_missing_folder(tmp_path, capsys, fake_llama):
     seen, model = fake_llama
     lcd = tmp_path / "nodir" / "dyn.bin"

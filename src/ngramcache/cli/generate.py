@@ -18,7 +18,7 @@ DESCRIPTION = ("Speculative decoding with n-gram lookup drafts, verified by a GG
 
 EPILOG = """\
 Like llama.cpp's llama-lookup: prints the prompt and the text as it is generated, then the
-summary block on stderr. Differences: greedy by default (--temp 0), -n defaults to 128,
+summary block on stderr (-q leaves the block out, --no-prompt the prompt). Differences: greedy by default (--temp 0), -n defaults to 128,
 and draft lengths adapt to what verification costs on this model and how often drafts are
 right (measured once per model and kept in ~/.cache/ngramcache); --fixed-draft always
 drafts up to --spec-draft-n-max tokens, as llama-lookup does. --drafter chooses what drafts
@@ -191,6 +191,8 @@ def run(args) -> int:
             ("accept", f"{figures['accept']:.3f}%" if r.drafted else "-")]
     if figures["why_no_drafts"]:
         rows.append(("why", figures["why_no_drafts"]))
+    if args.quiet and not args.json:
+        return 0  # the text alone: the figures are the block's, or --json's
     return emit(args, {"text": r.text, **figures}, title=speeds, rows=rows, indent="", sep=" = ", file=sys.stderr)
 
 
