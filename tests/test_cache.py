@@ -294,14 +294,60 @@ def test_failed_save_over_a_directory_keeps_it_and_leaves_no_temp(tmp_path, cach
     assert (target / "inside").read_bytes() == b"x"
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root ignores directory permissions")
+# A child that takes CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH out of its capability bounding set
+# (Linux's prctl), then runs Python again: the new program, even run by root, has neither power
+# and obeys file and directory permissions as any user does. Exit status 4: prctl failed.
+DROP_FILE_ACCESS_OVERRIDE = textwrap.dedent("""
+    import ctypes, os, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            print(os.strerror(ctypes.get_errno()))
+            sys.exit(4)
+    os.execv(sys.executable, [sys.executable] + sys.argv[1:])
+""")
+
+
+def _save_without_root_powers(path) -> subprocess.CompletedProcess:
+    """Save a cache to ``path`` in a process that cannot override file permissions; exit
+    status 0 when the save raised PermissionError, 3 when it succeeded."""
+    code = textwrap.dedent("""
+        import sys, ngramcache as nc
+        c = nc.NgramCache()
+        c.update([1, 2, 3, 1, 2])
+        try:
+            c.save(sys.argv[1])
+        except PermissionError as e:
+            print(e)
+            sys.exit(0)
+        sys.exit(3)
+    """)
+    done = subprocess.run([sys.executable, "-c", DROP_FILE_ACCESS_OVERRIDE, "-c", code, str(path)],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode == 4:
+        pytest.skip(f"running as root, which ignores directory permissions, and unable to drop that power "
+                    f"for a child process (prctl: {done.stdout.strip()})")
+    return done
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX directory permissions")
 def test_failed_save_into_read_only_dir(tmp_path, cache):
+    """A save into a directory it cannot write raises PermissionError and leaves the old file
+    and no temporary file. Root ignores directory permissions: as root the save runs in a child
+    process without that power."""
+    if os.geteuid() == 0 and not sys.platform.startswith("linux"):
+        pytest.skip("running as root, which ignores directory permissions, on a system without prctl")
     path = tmp_path / "c.bin"
     path.write_bytes(GOOD)
     tmp_path.chmod(0o555)
     try:
-        with pytest.raises(PermissionError):
-            cache.save(path)
+        if os.geteuid() == 0:
+            done = _save_without_root_powers(path)
+            assert done.returncode == 0, f"the save did not raise PermissionError: {done.stdout}{done.stderr}"
+            assert "Permission denied" in done.stdout
+        else:
+            with pytest.raises(PermissionError):
+                cache.save(path)
     finally:
         tmp_path.chmod(0o755)
     assert path.read_bytes() == GOOD
