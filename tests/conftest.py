@@ -459,3 +459,28 @@ def _stdlib_text(limit: int) -> bytes:
         if total >= limit:
             break
     return b"".join(out)[:limit]
+
+
+# --- a run that lacks a model --------------------------------------------------------------
+# A test skipped because llama-cpp-python, torch, transformers or a packaged model is missing
+# tests nothing; the exactness tests are among them. scripts/test sets NGRAMCACHE_REQUIRE_MODELS=1
+# (unless NGRAMCACHE_ALLOW_PARTIAL=1 asks for a partial run), and such a skip then fails.
+
+MISSING_MODEL = re.compile(r"could not import '(llama_cpp|torch|transformers)'|llama-cpp-python not installed"
+                           r"|packaged model '[^']*' needs the package|missing from the [\w.-]+ package"
+                           r"|\(package [\w.-]+\) not installed")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and os.environ.get("NGRAMCACHE_REQUIRE_MODELS") == "1"):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    if MISSING_MODEL.search(reason):
+        report.outcome = "failed"
+        report.longrepr = (f"{reason}\nA missing model or model runtime fails this run "
+                           "(NGRAMCACHE_REQUIRE_MODELS=1, as scripts/test sets it); "
+                           "NGRAMCACHE_ALLOW_PARTIAL=1 scripts/test asks for a partial run instead.")
