@@ -3,6 +3,7 @@ llama-cpp-python's default build.
 
     .venv/bin/python bench/bench_quant_types.py --default-build DIR [--types Q4_K_M,Q8_0] [--rounds 2]
         [--extra model.gguf ...] [--json FNAME]
+    .venv/bin/python bench/bench_quant_types.py --exactness-only [--types ...]
 
 ``--default-build`` is a folder holding llama-cpp-python as a user installs it (llamafile's
 kernels, built for the machine): ``bench/build_default_llama.sh`` makes it.
@@ -78,7 +79,7 @@ def quantized(kind: str, out_dir: Path) -> Path:
     return dst
 
 
-def _child(path: str, config: str, repeats: int, check: bool) -> dict:
+def _child(path: str, config: str, repeats: int, check: bool, timing: bool = True) -> dict:
     import numpy as np
 
     from ngramcache import data
@@ -104,6 +105,14 @@ def _child(path: str, config: str, repeats: int, check: bool) -> dict:
         backend.decode(prompt, 0, PROMPT_TOKENS - 1)
         backend.logits(PROMPT_TOKENS - 1)
 
+    if not timing:
+        task = data.demo_task()
+        plain = nl.generate(llm, task.prompt, None, 64)
+        drafted = nl.generate(llm, task.prompt, nl.adaptive_drafter(llm, n_draft=16), 64)
+        out["drafted_equal"] = drafted.tokens.tolist() == plain.tokens.tolist()
+        out["rows"] = _rows_equal(backend, prompt[:200], follow)
+        llm.close()
+        return out
     prompt_pass()  # warm-up: first matrix products, page faults
     out["prompt_ms"] = statistics.median(timed(prompt_pass) for _ in range(3))
 
@@ -156,7 +165,7 @@ def _rows_equal(backend, prompt, follow) -> dict:
     return out
 
 
-def _run(path: Path, config: str, default_build: Path, repeats: int, check: bool) -> dict:
+def _run(path: Path, config: str, default_build: Path, repeats: int, check: bool, timing: bool = True) -> dict:
     env = dict(os.environ)
     env.pop("GGML_CPU_TILED_MM", None)
     env.pop("NGRAMCACHE_PROMPT_LAYOUT", None)
@@ -169,7 +178,9 @@ def _run(path: Path, config: str, default_build: Path, repeats: int, check: bool
     cmd = [sys.executable, __file__, "--child", str(path), "--config", config, "--repeats", str(repeats)]
     if check:
         cmd.append("--check")
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if not timing:
+        cmd.append("--exactness-only")
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     if res.returncode != 0:
         raise SystemExit(f"{config} {path.name} failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -221,6 +232,29 @@ def table(results: dict) -> list[str]:
     return lines
 
 
+def _exactness_only(args) -> int:
+    out = {}
+    print("| type | matrices | rows equal, batches 2-17 | drafted == plain (demo prompt, 64 tokens) |")
+    print("|---|---|---|---|")
+    for name, path in _models(args).items():
+        fig = _run(path, "layout", args.default_build, args.repeats, True, timing=False)
+        rows = {int(c): v for c, v in fig["rows"].items()}
+        bad = [c for c, v in rows.items() if v != ROWS]
+        out[name] = {"types": _types_of(path), "rows": rows, "drafted_equal": fig["drafted_equal"]}
+        print(f"| {name} | {out[name]['types']} | {sum(rows.values())}/{ROWS * len(rows)} "
+              + ("yes" if not bad else f"no (batches {','.join(map(str, bad))})")
+              + f" | {'yes' if fig['drafted_equal'] else 'NO'} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def _models(args) -> dict:
+    models = {k: quantized(k, ROOT / "build" / "quant") for k in args.types.split(",") if k}
+    models.update({Path(p).name: Path(p) for p in args.extra})
+    return models
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--default-build", type=Path, help="folder with the default build's llama_cpp package")
@@ -228,18 +262,22 @@ def main() -> int:
     ap.add_argument("--extra", nargs="*", default=[], help="GGUF files measured as they are")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5, help="repeats of each batch within a process")
+    ap.add_argument("--exactness-only", action="store_true",
+                    help="only whether each type is exact (rows and drafted output), no timings: a busy machine "
+                         "changes no answer of these")
     ap.add_argument("--json", metavar="FNAME")
     ap.add_argument("--child", metavar="MODEL", help=argparse.SUPPRESS)
     ap.add_argument("--config", choices=CONFIGS, help=argparse.SUPPRESS)
     ap.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(_child(args.child, args.config, args.repeats, args.check)))
+        print(json.dumps(_child(args.child, args.config, args.repeats, args.check, not args.exactness_only)))
         return 0
+    if args.exactness_only:
+        return _exactness_only(args)
     if args.default_build is None or not (args.default_build / "llama_cpp").is_dir():
         ap.error("--default-build must name a folder holding a llama_cpp package (bench/build_default_llama.sh)")
-    models = {k: quantized(k, ROOT / "build" / "quant") for k in args.types.split(",") if k}
-    models.update({Path(p).name: Path(p) for p in args.extra})
+    models = _models(args)
     results: dict = {}
     for name, path in models.items():
         results[name] = {"types": _types_of(path), "runs": {c: [] for c in CONFIGS}}

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -278,21 +279,44 @@ def test_llama_cpp_python_loop_with_llama_drafter_equals_plain(exact_llm, runs):
     # counted: llama-cpp-python's loop does not tell a draft model what it accepted
     drafter = nl.CountingDraftModel(nl.LlamaDrafter(make_drafter("copy", n_draft=N_DRAFT)))
     llm = nl.make_llama(exact_llm.path, drafter=drafter, n_ctx=2048, n_batch=256)
+    # llama-cpp-python's loop decodes its prompts itself, through the exact kernels: where
+    # ngramcache's loop takes prompts through a repacked copy, the plain decoding to equal is
+    # that loop's own, without a draft model
+    own = getattr(exact_llm.llm, "_ngramcache_prompt_layout", None) is not None
+    plain_llm = nl.make_llama(exact_llm.path, n_ctx=2048, n_batch=256) if own else None
     try:
         accepted = 0
         for i in range(0, len(PROMPTS), 3):
             r = nl.generate_llama_cpp(llm, PROMPTS[i], N)
-            assert r.tokens.tolist() == runs["plain"][i].tokens.tolist(), f"prompt {i}"
+            want = nl.generate_llama_cpp(plain_llm, PROMPTS[i], N) if own else runs["plain"][i]
+            assert r.tokens.tolist() == want.tokens.tolist(), f"prompt {i}"
             accepted += r.accepted
         assert accepted > 0  # drafts were verified in batches and kept
         out = llm.create_completion(PROMPTS[1], max_tokens=N, temperature=0.0, repeat_penalty=1.0)
-        assert out["choices"][0]["text"] == runs["plain"][1].text
+        want = nl.generate_llama_cpp(plain_llm, PROMPTS[1], N).text if own else runs["plain"][1].text
+        assert out["choices"][0]["text"] == want
     finally:
         llm.close()
+        if plain_llm is not None:
+            plain_llm.close()
 
 
 @pytest.mark.model
 def test_prompt_in_two_pieces_equals_one(exact_llm):
+    # with one layout (prompts through the exact kernels too), a prompt's KV cache is the same
+    # bits whichever pieces it was decoded in; with a repacked copy for prompts it is not
+    # (docs/exactness.md), and tests/test_llama_prompt.py pins what holds there
+    if getattr(exact_llm.llm, "_ngramcache_prompt_layout", None) is not None:
+        llm = nl.make_llama(exact_llm.path, n_ctx=2048, n_batch=256, prompt_layout=False)
+        try:
+            _two_pieces_equal_one(SimpleNamespace(llm=llm))
+        finally:
+            llm.close()
+    else:
+        _two_pieces_equal_one(exact_llm)
+
+
+def _two_pieces_equal_one(exact_llm):
     backend = nl.LlamaBackend.of(exact_llm.llm)
     tokens = backend.tokenize(PROMPTS[-1])
     half = tokens.size // 2
@@ -445,6 +469,10 @@ def test_check_exact_command_reads_the_stored_answer(exact_llm, store, capsys, m
     assert lines["rows equal"].strip().startswith("48/48")
     assert lines["verdict"].strip() == "exact" and lines["max |diff|"].strip() == "0"
     assert lines["measured"].strip() == "earlier (stored answer)"
+    # what make_llama loads: Gemma's Q4_K matrices are repacked for prompts on x86-64 (AVX2)
+    repacked = exact_llm.name == "gemma" and "AVX2 = 1" in exactness.build_info()["system_info"]
+    assert lines["configuration"].strip().startswith("tokens and drafts: no llamafile kernels")
+    assert ("prompts through a repacked copy" in lines["configuration"]) == repacked
     rc, out, err = run_cli(capsys, "check-exact", "-m", exact_llm.name, "--json", "-q")
     assert rc == 0 and err == ""
     got = json.loads(out)
@@ -465,6 +493,7 @@ def test_check_exact_command_says_why_not(capsys, monkeypatch, tmp_path):
     assert rc == 1 and closed == [True]
     assert "rows equal         3/48" in out and "first argmax flip  row 17" in out
     assert "verdict            not exact" in out
+    assert "configuration      tokens and drafts: " in out and "weights repacked" in out
     why = [line for line in out.splitlines() if line.startswith("  why: ")]
     assert len(why) == 3 and "GGML_LLAMAFILE=OFF" in why[0] and "repacking" in why[1] and "GGML_CPU_TILED_MM" in why[2]
     assert err == ("ngramcache check-exact: error: m.gguf is not exact here: drafting can change greedy output "
@@ -498,3 +527,29 @@ def test_flash_attention_is_said_to_break_exactness(exact_llm):
             "flash attention is on (create the Llama with flash_attn=False)"]
     finally:
         llm.close()
+
+
+@pytest.mark.model
+def test_a_build_with_llamafile_is_said_to_have_no_exact_configuration(monkeypatch):
+    # said once per process, at load time, whatever the loading settings
+    path = _model_path("smollm2")
+    real = exactness.build_info()
+    monkeypatch.setattr(exactness, "build_info", lambda: {**real, "llamafile": True})
+    monkeypatch.setattr(exactness, "_no_exact_said", False)
+    with pytest.warns(exactness.ExactnessWarning, match="no loading setting makes a batch's logits equal"):
+        llm = nl.make_llama(path, n_ctx=256)
+    llm.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", exactness.ExactnessWarning)
+        nl.make_llama(path, n_ctx=256).close()
+
+
+@pytest.mark.model
+def test_configuration_names_the_kernels_and_the_prompt_layout(exact_llm):
+    text = exactness.configuration(exact_llm.llm)
+    assert "no llamafile kernels" in text and "no repacking" in text and "tiled matmul off" in text
+    layout = getattr(exact_llm.llm, "_ngramcache_prompt_layout", None)
+    if layout is not None:
+        assert f"repacked copy of the weights (+{layout.memory_bytes / 2**20:.0f} MiB)" in text
+    else:
+        assert "prompts through the same kernels" in text

@@ -21,6 +21,12 @@ one at a time; the same 48 tokens are then decoded in batches of 8 after the sam
 The answer is kept in ~/.cache/ngramcache/exactness.json (or $NGRAMCACHE_CACHE_DIR) per
 model file, llama.cpp build, thread counts and settings; --refresh measures again.
 
+"configuration" says what was checked, as make_llama loads it (and so generate, chat,
+serve and demo): the kernels of one-token steps and verified drafts (the rows compared),
+and whether prompts go through a repacked copy of the weights (faster on Q4_K, Q4_0 and
+IQ4_NL matrices; a prompt needs no bitwise match, since plain and speculative decoding
+both decode it there).
+
 Not exact? The lines under "why" name the batch-size-dependent paths that were on:
 llama.cpp built with its llamafile kernels (rebuild llama-cpp-python with
 CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" and pip's --no-cache-dir), weight repacking (--repack
@@ -48,7 +54,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     import ngramcache.integrations.llama as nl
-    from ngramcache.integrations.exactness import check_exact
+    from ngramcache.integrations.exactness import check_exact, configuration
     from ngramcache.models import model_path
 
     check_ranges(args, [("threads", 1, "-t must be >= 1")])
@@ -59,9 +65,11 @@ def run(args) -> int:
     llm = nl.make_llama(path, n_ctx=1024, n_threads=args.threads, exact=not args.repack)
     try:
         report = check_exact(llm, refresh=args.refresh)
+        config = configuration(llm)
     finally:
         llm.close()
     result = report.as_dict()
+    result["configuration"] = config
     flip = report.first_argmax_flip
     rows = [("model", os.path.basename(report.model)),
             ("rows equal", f"{report.rows_equal}/{report.rows} (batches of {report.chunk} against one token "
@@ -69,6 +77,7 @@ def run(args) -> int:
             ("max |diff|", f"{report.max_abs_diff:.6g}"),
             ("first argmax flip", "none" if flip is None else f"row {flip}"),
             ("verdict", report.verdict),
+            ("configuration", config),
             ("llamafile kernels", "compiled in" if report.llamafile else "off"),
             ("weight repacking", "on" if report.weight_repacking else "off"),
             ("tiled matmul", {"off": "off", "on": "on", "unsure": "maybe on"}[report.tiled_mm]),

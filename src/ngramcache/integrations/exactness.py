@@ -33,8 +33,9 @@ from importlib import resources
 import numpy as np
 
 __all__ = ["ExactnessReport", "ExactnessWarning", "check_exact", "measure_exactness", "exactness_status",
-           "exact_kernels", "no_weight_repacking", "weight_repacking", "warn_flash_attention", "known_causes",
-           "build_info", "exactness_store_path", "TILED_MM_ENV"]
+           "exact_kernels", "no_weight_repacking", "weight_repacking", "warn_flash_attention",
+           "warn_no_exact_configuration", "known_causes", "build_info", "exactness_store_path", "configuration",
+           "TILED_MM_ENV"]
 
 #: ggml's switch for its tiled K-quant matrix product (a batch of >= 8 rows takes another
 #: summation order than a single row)
@@ -116,6 +117,24 @@ def _tiled_now() -> str:
     return "off" if value is not None and _atoi(value) == 0 else "on"
 
 
+_no_exact_said = False
+
+
+def warn_no_exact_configuration() -> None:
+    """Say, once per process, that this llama.cpp build has no exact configuration: its
+    llamafile kernels are compiled in and take batches another way than one token whatever
+    the loading settings (docs/exactness.md has what leaving them out costs per type)."""
+    global _no_exact_said
+    if _no_exact_said:
+        return
+    _no_exact_said = True
+    warnings.warn(
+        "this llama-cpp-python was built with llamafile's kernels: no loading setting makes a batch's logits equal "
+        "one token's on it, so drafting can change greedy output after a near tie; rebuild it with "
+        "CMAKE_ARGS=-DGGML_LLAMAFILE=OFF and pip's --no-cache-dir (docs/exactness.md: what that costs per "
+        "quantization type)", ExactnessWarning, stacklevel=3)
+
+
 def warn_flash_attention() -> None:
     """Say that flash attention makes batched logits differ from single-token ones: ggml's
     flash-attention node gives a token other values in a batch than alone (measured on both
@@ -177,6 +196,24 @@ def build_info() -> dict:
         fingerprint = "unknown"
     return {"llama_cpp_python": llama_cpp.__version__, "system_info": system,
             "llamafile": "LLAMAFILE = 1" in system, "libraries": fingerprint}
+
+
+def configuration(llm) -> str:
+    """In words, how ``llm`` decodes: the kernels of its one-token steps and verified drafts,
+    and those of its prompts (a repacked copy where ``make_llama`` loaded one:
+    ``ngramcache.integrations.llama_prompt``)."""
+    tiled = _tiled_now()
+    kernels = ", ".join([
+        "llamafile kernels compiled in" if build_info()["llamafile"] else "no llamafile kernels",
+        "weights repacked" if weight_repacking(llm) else "weights as stored (no repacking)",
+        "tiled matmul " + {"off": "off", "on": "on", "unsure": "maybe on"}[tiled]])
+    layout = getattr(llm, "_ngramcache_prompt_layout", None)
+    if layout is None:
+        prompts = "prompts through the same kernels"
+    else:
+        prompts = (f"prompts through a repacked copy of the weights (+{layout.memory_bytes / 2**20:.0f} MiB), "
+                   "their KV cache handed over")
+    return f"tokens and drafts: {kernels}; {prompts}"
 
 
 def known_causes(*, llamafile: bool, weight_repacking: bool, tiled_mm: str, flash_attn: bool) -> list[str]:

@@ -127,6 +127,8 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
 
     if exact:
         exactness.exact_kernels()
+        if exactness.build_info()["llamafile"]:
+            exactness.warn_no_exact_configuration()
         if kwargs.get("flash_attn"):
             exactness.warn_flash_attention()
     # llama.cpp prints a few lines while loading even with verbose=False
