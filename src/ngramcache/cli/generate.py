@@ -20,7 +20,8 @@ EPILOG = """\
 Like llama.cpp's llama-lookup: prints the prompt and the text as it is generated, then the
 summary block on stderr (-q leaves the block out, --no-prompt the prompt). Differences: greedy by default (--temp 0), -n defaults to 128,
 and draft lengths adapt to what verification costs on this model and how often drafts are
-right (measured once per model and kept in ~/.cache/ngramcache); --fixed-draft always
+right (learnt while decoding, nothing measured at start-up, and kept in ~/.cache/ngramcache
+for the next command); --fixed-draft always
 drafts up to --spec-draft-n-max tokens, as llama-lookup does. --drafter chooses what drafts
 (docs/drafters.md); -lcs and -lcd apply to the lookup and copy drafters.
 

@@ -1,7 +1,7 @@
-"""What a forward pass of k tokens costs a transformers model, measured once and kept
+"""What a forward pass of k tokens costs a transformers model, learnt while decoding and kept
 (``ngramcache.decoding.costs``), and the adaptive drafter built on it: the transformers
-side is only the timing hook (a forward pass in a ``DynamicCache``, cropped back) and the
-key the costs are kept under (:func:`cost_key`)."""
+side is the model's size (for the prior curve), an explicit timing hook (a forward pass in a
+``DynamicCache``, cropped back) and the key the costs are kept under (:func:`cost_key`)."""
 
 from __future__ import annotations
 
