@@ -77,6 +77,21 @@ def test_with_costs_the_drafter_is_gated_and_the_answer_unchanged():
         engine.close(timeout=30)
 
 
+def test_a_response_that_drafted_nothing_says_why():
+    engine = _engine()
+    engine.costs = LearnedCosts([1.0] + [100.0 + k for k in range(8)])  # no draft can pay here
+    try:
+        r = engine.run(Job(prompt=np.array(PROMPT, dtype=np.int32), max_tokens=40), timeout=60)
+        assert r.drafted == 0 and r.tokens.tolist() == reference(PROMPT, 40)
+        why = r.figures()["why_no_drafts"]
+        assert why.startswith("nothing was drafted:") and "100.00x" in why
+        engine.costs = LearnedCosts([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8])
+        r = engine.run(Job(prompt=np.array(PROMPT, dtype=np.int32), max_tokens=40), timeout=60)
+        assert r.drafted > 0 and r.figures()["why_no_drafts"] is None
+    finally:
+        engine.close(timeout=30)
+
+
 def test_a_request_that_continues_a_conversation_goes_on_with_its_gate():
     engine = _engine()
     engine.costs = LearnedCosts([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6])
