@@ -11,7 +11,7 @@ import platform
 import numpy as np
 import pytest
 
-from ngramcache.integrations.llama_prompt import gguf_tensor_types, repacked_tensor_count
+from ngramcache.integrations.llama_prompt import MIN_REPACKED_SHARE, gguf_tensor_types, repacked_share
 from ngramcache.models import default_model_path
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -55,9 +55,10 @@ def test_not_a_gguf_file_is_named(tmp_path):
 
 @pytest.mark.skipif(not X86 or "AVX2 = 1" not in SYSTEM, reason="the repacked types are known for x86-64 AVX2")
 def test_which_models_are_repacked():
-    assert repacked_tensor_count(_path("gemma"), SYSTEM) > 0  # Q4_K matrices
-    assert repacked_tensor_count(_path("smollm2"), SYSTEM) == 0  # Q4_1 and Q8_0: none on x86-64
-    assert repacked_tensor_count(_path("gemma"), "") == 0  # no AVX2: nothing known to be repacked
+    share = repacked_share(_path("gemma"), SYSTEM)
+    assert 0.1 < share < MIN_REPACKED_SHARE  # its Q4_K matrices; most are Q5_0 and Q8_0
+    assert repacked_share(_path("smollm2"), SYSTEM) == 0  # Q4_1 and Q8_0: none on x86-64
+    assert repacked_share(_path("gemma"), "") == 0  # no AVX2: nothing known to be repacked
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,14 +104,15 @@ class _Counting:
 @pytest.mark.model
 def test_a_layout_only_where_it_pays(gemma):
     llm, one = gemma
-    assert llm._ngramcache_prompt_layout is not None
+    assert llm._ngramcache_prompt_layout is not None  # asked for
     assert getattr(one, "_ngramcache_prompt_layout", None) is None
-    smol = nl.make_llama(_path("smollm2"), n_ctx=512)
-    try:
-        if X86 and "AVX2 = 1" in SYSTEM:
-            assert getattr(smol, "_ngramcache_prompt_layout", None) is None  # nothing repacked: no copy
-    finally:
-        smol.close()
+    for name in ("smollm2", "gemma"):  # by default: no copy where less than half would be repacked
+        auto = nl.make_llama(_path(name), n_ctx=512)
+        try:
+            if X86 and "AVX2 = 1" in SYSTEM:
+                assert getattr(auto, "_ngramcache_prompt_layout", None) is None
+        finally:
+            auto.close()
     with_drafter = nl.make_llama(_path("gemma"), drafter=make_drafter("copy"), n_ctx=512)
     try:  # llama-cpp-python's own loop decodes its prompts itself
         assert getattr(with_drafter, "_ngramcache_prompt_layout", None) is None
@@ -187,3 +189,29 @@ def test_the_layouts_memory_is_reported(gemma):
     llm, _ = gemma
     mib = llm._ngramcache_prompt_layout.memory_bytes / 2**20
     assert 10 < mib < 2000  # the repacked Q4_K matrices and a second KV cache
+
+
+@pytest.fixture(scope="module")
+def smollm2_q4_0(tmp_path_factory):
+    """SmolLM2 requantized to Q4_0 with llama.cpp's own quantize: every matrix repacked on x86-64."""
+    out = tmp_path_factory.mktemp("q4_0") / "smollm2-q4_0.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    params.allow_requantize = True
+    assert llama_cpp.llama_model_quantize(_path("smollm2").encode(), str(out).encode(), params) == 0
+    return str(out)
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not X86 or "AVX2 = 1" not in SYSTEM, reason="the repacked types are known for x86-64 AVX2")
+def test_a_mostly_repacked_model_gets_the_layout_by_default(smollm2_q4_0):
+    assert repacked_share(smollm2_q4_0, SYSTEM) >= MIN_REPACKED_SHARE
+    llm = nl.make_llama(smollm2_q4_0, n_ctx=1024)
+    try:
+        assert llm._ngramcache_prompt_layout is not None
+        prompt = TEXT + "\n\nRepeat the story:\n"
+        plain = nl.generate(llm, prompt, None, N)
+        for name in ("copy", "lookup"):
+            assert nl.generate(llm, prompt, make_drafter(name, n_draft=8), N).tokens.tolist() == plain.tokens.tolist()
+    finally:
+        llm.close()

@@ -92,8 +92,9 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
 
     Prompt layout (``prompt_layout``; exact models without a drafter): None (the default,
     unless the environment variable ``NGRAMCACHE_PROMPT_LAYOUT`` is ``0``) loads a second,
-    repacked copy of the weights for prompts when this CPU repacks some of the model's
-    matrices; True loads it whatever the types, False never. Prompts of at least
+    repacked copy of the weights for prompts when this CPU repacks at least half of the
+    model's matrix weights (``llama_prompt.MIN_REPACKED_SHARE``); True loads it whatever the
+    types, False never. Prompts of at least
     ``MIN_PROMPT_TOKENS`` tokens then run through the repacked kernels (much faster on Q4_K,
     Q4_0 and IQ4_NL weights) and the exact context takes over their KV cache
     (``ngramcache.integrations.llama_prompt``): plain and speculative decoding still give
@@ -140,7 +141,8 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     if prompt_layout is None:
         prompt_layout = os.environ.get("NGRAMCACHE_PROMPT_LAYOUT", "").strip() != "0" and None
     if exact and drafter is None and prompt_layout is not False:
-        if prompt_layout or llama_prompt.repacked_tensor_count(path, exactness.build_info()["system_info"]):
+        share = llama_prompt.repacked_share(path, exactness.build_info()["system_info"])
+        if prompt_layout or share >= llama_prompt.MIN_REPACKED_SHARE:
             rss0 = _anonymous_bytes()
             with suppress_stdout_stderr(disable=verbose):
                 twin = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
