@@ -31,6 +31,10 @@ from ngramcache.models import default_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# demo compares with llama-cpp-python's default build where one is found on this machine
+# (~/.cache/ngramcache/llama-default): the tests see none unless a test points at one
+os.environ["NGRAMCACHE_DEFAULT_BUILD"] = str(ROOT / "build" / "no-default-build")
+
 
 # --- the reference vectors --------------------------------------------------------------
 # The full set (../shared/vectors, see its README) when it is there; otherwise the compact

@@ -4,6 +4,7 @@ by side; llama.cpp's -p/-f prompt rules (fake model) and a short real run."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,6 +47,34 @@ def test_cli_demo_small(gemma_path, capsys):
     assert all("bit for bit" in note for note in out["notes"]) and len(out["notes"]) == 2
     assert rows["ngramcache"]["accepted"] > 0
     assert out["prompt_source"] == "a type-hints task (shipped with ngramcache)"
+
+
+@pytest.mark.model
+def test_demo_compares_with_your_llama_cpp_python(gemma_path, capsys, monkeypatch):
+    # a folder holding a llama_cpp package stands for the default build: here the installed
+    # one, run in a child process with llama-cpp-python's own loading (NGRAMCACHE_EXACT=0)
+    import llama_cpp
+
+    from ngramcache.cli.main import main
+
+    monkeypatch.setenv("NGRAMCACHE_DEFAULT_BUILD", str(Path(llama_cpp.__file__).parent.parent))
+    rc = main(["demo", "-n", "16", "--repeats", "1", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["method"]: r for r in out["methods"]}
+    yours = rows["your llama-cpp-python"]
+    assert yours["tokens"] == 16 and yours["drafted"] == 0 and yours["identical"] is None
+    assert yours["vs_yours"] == 1.0
+    for r in rows.values():  # every row's end to end over the baseline's
+        assert r["vs_yours"] == round(r["e2e_tok_s"] / yours["e2e_tok_s"], 3)
+
+
+def test_demo_says_how_to_get_your_figure(capsys, fake_llama, tmp_path):
+    seen, model = fake_llama
+    rc, out, err = run_cli(capsys, "demo", "-m", model, "--repeats", "1", "-n", "8", "-p", "hello there")
+    assert rc == 0, err
+    assert "your llama-cpp-python: not measured; bench/build_default_llama.sh" in err
+    assert "vs yours" not in out
 
 
 def _result(tokens, gen, e2e):
