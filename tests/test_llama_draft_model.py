@@ -1,7 +1,7 @@
 """LlamaDrafter in a Llama made by hand: llama-cpp-python 0.3.36 keeps every token's logits once
-it has a draft model but, with logits_all=False, has room for only n_batch of them; the
-drafter gives such a Llama the rows it lacks at its first call. make_llama and check_llama
-name the ways that need no such repair."""
+it has a draft model but, with logits_all=False, has room for only n_batch of them; making a
+LlamaDrafter has Llama.eval give such a Llama the rows it lacks before it evaluates, the first
+prompt included. make_llama and check_llama name the ways that need no such repair."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import ngramcache as nc  # noqa: E402
 from ngramcache.integrations.exactness import no_weight_repacking  # noqa: E402
 from ngramcache.integrations.llama_draft_model import (CountingDraftModel, LlamaDrafter,  # noqa: E402
-                                                       calling_llama, check_llama, grow_score_rows)
+                                                       check_llama, grow_score_rows)
 from ngramcache.models import default_model_path  # noqa: E402
 
 
@@ -28,35 +28,28 @@ class ShortBuffer(llama_cpp.Llama):
     def n_ctx(self) -> int:
         return self._ctx_size
 
-    def generate_step(self, tokens):
-        """Calls the draft model as Llama.generate does: with the sequence only."""
-        return self.draft_model(np.asarray(tokens, dtype=np.intc))
-
     def __del__(self):  # no model to free
         pass
 
 
-def test_the_first_call_gives_a_short_buffer_a_row_per_context_position():
+def test_grow_score_rows_keeps_the_evaluated_rows_and_leaves_a_full_buffer_alone():
     llm = ShortBuffer(rows=8, n_ctx=32)
     before = llm.scores[:3].copy()
-    llm.draft_model = LlamaDrafter(nc.CopyDrafter(n_draft=4))
-    draft = llm.generate_step([1, 2, 3, 1, 2])
-    assert draft.tolist() == [3, 1, 2]  # the copy of what followed "1 2"
+    assert grow_score_rows(llm) is True
     assert llm.scores.shape == (32, 5) and np.array_equal(llm.scores[:3], before)
-    llm.generate_step([1, 2, 3, 1, 2, 3])
-    assert llm.scores.shape == (32, 5)  # grown once
+    scores = llm.scores
+    assert grow_score_rows(llm) is False and llm.scores is scores
+    llm.draft_model = LlamaDrafter(nc.CopyDrafter(n_draft=4))
     check_llama(llm)  # room for the whole context now: nothing to refuse
 
 
-def test_a_wrapped_drafter_finds_its_llama_and_a_full_buffer_is_left_alone():
-    llm = ShortBuffer(rows=8, n_ctx=32)
-    llm.draft_model = CountingDraftModel(LlamaDrafter(nc.CopyDrafter(n_draft=4)))
-    llm.generate_step([4, 5, 4])
-    assert llm.scores.shape == (32, 5)
-    full = ShortBuffer(rows=32, n_ctx=32)
-    scores = full.scores
-    assert grow_score_rows(full) is False and full.scores is scores
-    assert calling_llama() is None  # called from no Llama: the drafter leaves everything alone
+def test_the_row_guard_wraps_llama_eval_once():
+    LlamaDrafter(nc.CopyDrafter())
+    guarded = llama_cpp.Llama.eval
+    assert guarded._ngramcache_row_guard is True
+    CountingDraftModel(LlamaDrafter(nc.CopyDrafter()))
+    assert llama_cpp.Llama.eval is guarded  # not wrapped twice
+    assert guarded.__wrapped__.__qualname__ == "Llama.eval"
 
 
 def test_check_llama_names_make_llama_and_generate():
@@ -67,27 +60,27 @@ def test_check_llama_names_make_llama_and_generate():
 
 
 @pytest.mark.model
-def test_a_hand_made_llama_with_a_drafter_passes_n_batch_and_equals_plain_decoding():
+def test_a_hand_made_llama_with_a_drafter_takes_a_first_prompt_past_n_batch_and_equals_plain_decoding():
     """Created as llama-cpp-python's docs show (logits_all=False by default) with n_batch 32:
-    without the repair it fails at the 33rd token of the sequence with "could not broadcast input
-    array ... into shape (0,)". SmolLM2 has no repacked matrices, so with repacking off (and
-    the tiled matmul off, tests/conftest.py) the drafts change nothing: == plain decoding."""
+    without the row guard its first prompt of more than 32 tokens fails with "could not
+    broadcast input array ... into shape (0,)" before any draft model runs. SmolLM2 has no
+    repacked matrices, so with repacking off (and the tiled matmul off, tests/conftest.py) the
+    drafts change nothing: == plain decoding."""
     try:
         path = default_model_path("smollm2")
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    prompt = "Repeat exactly: " + "one two three four five six seven eight nine ten. " * 2
+    prompt = "Repeat exactly: " + "one two three four five six seven eight nine ten. " * 6
     kw = dict(n_ctx=512, n_batch=32, n_threads=2, n_threads_batch=2, verbose=False)
     with no_weight_repacking():
         drafted = llama_cpp.Llama(path, draft_model=LlamaDrafter(nc.CopyDrafter()), **kw)
         plain = llama_cpp.Llama(path, **kw)
+        counted = llama_cpp.Llama(path, draft_model=CountingDraftModel(LlamaDrafter(nc.CopyDrafter())), **kw)
     assert drafted.scores.shape[0] == 32  # llama-cpp-python's short buffer
-    assert len(drafted.tokenize(prompt.encode())) < 32  # a first prompt within n_batch
+    assert len(drafted.tokenize(prompt.encode())) > 32  # the first prompt passes n_batch
     want = plain.create_completion(prompt, max_tokens=48, temperature=0.0)["choices"][0]["text"]
     got = drafted.create_completion(prompt, max_tokens=48, temperature=0.0)["choices"][0]["text"]
-    assert drafted.n_tokens > 32 and drafted.scores.shape[0] == drafted.n_ctx()
+    assert drafted.scores.shape[0] == drafted.n_ctx()
     assert got == want
-    long_prompt = prompt * 3  # later prompts may pass n_batch too
-    assert len(drafted.tokenize(long_prompt.encode())) > 32
-    want = plain.create_completion(long_prompt, max_tokens=16, temperature=0.0)["choices"][0]["text"]
-    assert drafted.create_completion(long_prompt, max_tokens=16, temperature=0.0)["choices"][0]["text"] == want
+    assert counted.create_completion(prompt, max_tokens=48, temperature=0.0)["choices"][0]["text"] == want
+    assert counted.draft_model.proposals  # the wrapped drafter drafted

@@ -12,7 +12,7 @@ drafted and accepted tokens of any draft model there.
 from __future__ import annotations
 
 import abc
-import sys
+import functools
 import time
 
 import numpy as np
@@ -49,28 +49,6 @@ def check_llama(llm) -> None:
             "which needs no draft model")
 
 
-#: how many frames up from a draft model's call ``Llama.generate`` may be (draft models that
-#: wrap another, such as ``CountingDraftModel``, add one each)
-_MAX_WRAPPERS = 6
-
-
-def calling_llama():
-    """The ``llama_cpp.Llama`` whose own loop is calling the draft model that calls this,
-    or None. llama-cpp-python hands a draft model the tokens only; its ``generate`` is the
-    caller, a frame or a few (wrapping draft models) up, with the ``Llama`` as ``self``."""
-    if llama_cpp is None:
-        return None
-    frame = sys._getframe(2)  # past this function and the draft model's __call__
-    for _ in range(_MAX_WRAPPERS):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, llama_cpp.Llama):
-            return owner
-        frame = frame.f_back
-    return None
-
-
 def grow_score_rows(llm) -> bool:
     """Give ``llm`` a row of logits for every position of its context, as ``logits_all=True``
     does when it is created; True if it had fewer rows.
@@ -91,6 +69,27 @@ def grow_score_rows(llm) -> bool:
     return True
 
 
+def _install_row_guard() -> None:
+    """Have ``llama_cpp.Llama.eval`` give a ``Llama`` whose draft model is one of ngramcache's
+    the logits rows it lacks (:func:`grow_score_rows`) before it evaluates anything, the first
+    prompt included: llama-cpp-python calls no draft model before that prompt is evaluated, so
+    nothing else can run in time. Installed once, by the first ngramcache draft model made; a
+    ``Llama`` with another draft model, or none, evaluates exactly as before."""
+    llama_class = llama_cpp.Llama
+    if getattr(llama_class.eval, "_ngramcache_row_guard", False):
+        return
+    evaluate = llama_class.eval
+
+    @functools.wraps(evaluate)
+    def eval(self, tokens):
+        if isinstance(getattr(self, "draft_model", None), (LlamaDrafter, CountingDraftModel)):
+            grow_score_rows(self)
+        return evaluate(self, tokens)
+
+    eval._ngramcache_row_guard = True
+    llama_class.eval = eval
+
+
 class LlamaDrafter(Following, LlamaDraftModel):
     """Any ``Drafter`` as a llama-cpp-python draft model.
 
@@ -105,24 +104,22 @@ class LlamaDrafter(Following, LlamaDraftModel):
     Build the ``Llama`` with ``ngramcache.llama.make_llama(path, drafter)``: it is then exact
     and has room for the logits a draft model makes llama-cpp-python keep. A ``Llama(...,
     draft_model=LlamaDrafter(...))`` made by hand with ``logits_all=False`` (llama-cpp-python's
-    default) has room for only ``n_batch`` tokens' logits and fails once the sequence passes
-    them (llama-cpp-python 0.3.36's bug, see :func:`grow_score_rows`). At its first call,
-    which comes after the first prompt was evaluated, the drafter gives that ``Llama`` the
-    rows it lacks, so longer outputs and later prompts of any length work; a FIRST prompt
-    longer than ``n_batch`` still fails inside llama-cpp-python, before any draft model runs
-    (``make_llama`` avoids that too, and :func:`~ngramcache.integrations.llama.generate`
-    needs no draft model).
+    default) would have room for only ``n_batch`` tokens' logits and fail once the sequence
+    passes them (llama-cpp-python 0.3.36's bug, see :func:`grow_score_rows`). Making a
+    ``LlamaDrafter`` therefore has ``Llama.eval`` give such a ``Llama`` the rows it lacks
+    before it evaluates anything, the first prompt included; ``Llama`` objects without an
+    ngramcache draft model are left as they are. Such a hand-made ``Llama`` is still not
+    exact unless it was loaded without weight repacking (``make_llama`` does that).
     """
 
     def __init__(self, drafter: Drafter, n_max: int | None = None):
+        if llama_cpp is not None:
+            _install_row_guard()
         self._follower = SequenceFollower(drafter)
         self.n_max = check_int("n_max", n_max, 0, none_ok=True)
 
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
         """The draft to follow ``input_ids`` (llama-cpp-python's call)."""
-        llm = calling_llama()
-        if llm is not None:  # a Llama made by hand may lack rows for the tokens drafted now
-            grow_score_rows(llm)
         self._follower.follow(input_ids)
         n = self.n_max if self.n_max is not None else getattr(self.drafter, "n_draft", 8)
         out = np.asarray(self.drafter.propose(n), dtype=np.intc)
@@ -135,6 +132,8 @@ class CountingDraftModel(LlamaDraftModel):
     and accepted tokens can be counted once the output is known."""
 
     def __init__(self, inner: LlamaDraftModel):
+        if llama_cpp is not None:
+            _install_row_guard()
         self.inner = inner
         self.proposals: list[tuple[int, np.ndarray]] = []
         self.seconds = 0.0
