@@ -13,14 +13,23 @@
 // drafter keeps across reset (a shared table, a store of earlier requests) carries from one
 // chunk to the next, as the dynamic cache does in llama-lookup-stats. t_draft_ns times the
 // propose and accept calls only.
+//
+// With a gate (ReplayOptions::gate, gate.hpp) each proposal is cut to what the gate keeps,
+// as a gated drafter does while decoding: the counts are then of the verified tokens, and
+// the gate learns from every proposal scored against the text, the declined ones too. The
+// gate reads the drafter's confidence() and source() where it has them (else the
+// proposal's length and the gate's default source).
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "gate.hpp"
 #include "ngram.hpp"
 #include "replay.hpp"
 
@@ -29,6 +38,30 @@ namespace ngramcache {
 // replay_drafter()'s counts: a drafter of the sequence protocol has no sources or n-gram
 // sizes to count by, so those of every loop.
 struct DrafterReplayResult : ReplayCounts {};
+
+namespace detail {
+
+template <class D, class = void>
+struct HasConfidence : std::false_type {};
+template <class D>
+struct HasConfidence<D, std::void_t<decltype(std::declval<const D&>().confidence())>> : std::true_type {};
+template <class D, class = void>
+struct HasSourceOf : std::false_type {};
+template <class D>
+struct HasSourceOf<D, std::void_t<decltype(std::declval<const D&>().source())>> : std::true_type {};
+
+// How many of the n proposed tokens the gate lets through (all of them without a gate).
+template <class Drafter>
+size_t gated(const Drafter& d, GatedSteps* gate, const token_t* proposal, size_t n) {
+    if (gate == nullptr) return n;
+    int64_t confidence = static_cast<int64_t>(n);
+    if constexpr (HasConfidence<Drafter>::value) confidence = static_cast<int64_t>(d.confidence());
+    int source = -1;
+    if constexpr (HasSourceOf<Drafter>::value) source = static_cast<int>(d.source());
+    return gate->propose(proposal, n, confidence, source);
+}
+
+}  // namespace detail
 
 template <class Drafter>
 DrafterReplayResult replay_drafter(Drafter& d, const token_t* inp, size_t n_input, const ReplayOptions& opt,
@@ -48,12 +81,14 @@ DrafterReplayResult replay_drafter(Drafter& d, const token_t* inp, size_t n_inpu
         const int64_t done_before = static_cast<int64_t>(c * n_ctx);
         auto t0 = clock::now();
         d.reset(slice, 1);
+        if (opt.gate) opt.gate->reset(1);
         r.t_draft_ns += detail::elapsed_ns(t0);
         size_t have = 1;  // tokens of the chunk the drafter has seen
         while (have < n_ctx) {
             t0 = clock::now();
             // a drafter may return more than asked; only n_draft are verified
-            const size_t nd = std::min(d.propose(n_draft, drafted.data()), n_draft);
+            const size_t nd =
+                detail::gated(d, opt.gate, drafted.data(), std::min(d.propose(n_draft, drafted.data()), n_draft));
             r.t_draft_ns += detail::elapsed_ns(t0);
             ++r.n_steps;
             r.n_drafted += static_cast<int64_t>(nd);
@@ -67,6 +102,7 @@ DrafterReplayResult replay_drafter(Drafter& d, const token_t* inp, size_t n_inpu
             const size_t n_new = std::min(acc + 1, n_ctx - have);
             t0 = clock::now();
             d.accept(slice + have, n_new);
+            if (opt.gate) opt.gate->accept(slice, n_new);
             r.t_draft_ns += detail::elapsed_ns(t0);
             have += n_new;
             const int64_t done = done_before + static_cast<int64_t>(have);

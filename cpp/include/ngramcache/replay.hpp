@@ -28,6 +28,8 @@ constexpr int kNumSources = 3;                // DraftSource: context, dynamic, 
 constexpr size_t kMaxReplayDraft = 1 << 16;   // bounds the per-position arrays
 constexpr int64_t kProgressEvery = 100000;    // tokens between progress callbacks
 
+class GatedSteps;
+
 struct ReplayOptions {
     size_t n_ctx = 4096;
     size_t n_draft = 3;
@@ -38,6 +40,9 @@ struct ReplayOptions {
     // Whether the dynamic cache's keys must end in llama.cpp's order (it is given back to
     // the caller); false for a private copy, whose order no draft depends on.
     bool dynamic_key_order = true;
+    // replay_drafter() only: a gate that decides how many of each proposal are verified
+    // (gate.hpp); null: all of it.
+    GatedSteps* gate = nullptr;
 };
 
 // What every replay loop counts: replay() here and replay_drafter() in drafter_replay.hpp.
