@@ -78,8 +78,9 @@ def fit(gate: Gate) -> list[dict]:
     for st in range(N_STATES):
         src, rest = divmod(st, n_len * n_prev)
         b, pv = divmod(rest, n_prev)
+        h, t = (x.tolist() for x in gate.tallies(st))
         for pb, (lo, hi) in enumerate(POSITION_BUCKETS):
-            hh, tt = sum(gate._hits[st][lo:hi]), sum(gate._trials[st][lo:hi])
+            hh, tt = sum(h[lo:hi]), sum(t[lo:hi])
             for key in ((pb,), (src, pb), (src, b, pb), (src, b, pv, pb)):
                 hits[key] = hits.get(key, 0.0) + hh
                 trials[key] = trials.get(key, 0.0) + tt

@@ -40,6 +40,8 @@ void register_errors(py::module_& m) {
 
 }  // namespace
 
+void register_gate(py::module_& m);  // gate.cpp
+
 py::dict& keyword_defaults() {
     // never destroyed: it may outlive the interpreter's finalisation
     static py::dict* all = new py::dict();
@@ -77,5 +79,6 @@ PYBIND11_MODULE(_core, m) {
     register_runs_files(m);
     register_drafters(m);
     register_llama_drafters(m);
+    register_gate(m);
     register_defaults(m);
 }

@@ -30,17 +30,15 @@ from typing import Sequence
 
 import numpy as np
 
+from ngramcache import _core
 from ngramcache._prefix import accepted_prefix
 from ngramcache._validate import as_tokens, check_int
 from ngramcache.decoding.costs import LearnedCosts, check_costs, extend_costs, learned_costs
-from ngramcache.decoding.priors import FLAT_PRIOR, N_STATES, acceptance_means, state_index
+from ngramcache.decoding.priors import FLAT_PRIOR, LENGTH_BUCKETS, acceptance_means, state_index
 from ngramcache.defaults import N_DRAFT
 from ngramcache.drafters.base import Drafter, DraftStats, Proposal, Source
 
 __all__ = ["Gate", "GateSettings", "GatedDrafter", "Priors", "expected_rate", "gated_drafter", "why_no_drafts"]
-
-#: the highest prior estimate: no draft position is ever taken as certain
-MAX_PRIOR = 0.995
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 
@@ -102,7 +100,12 @@ class Gate:
 
     ``costs``: a :class:`~ngramcache.decoding.costs.LearnedCosts` (shared by every gate on
     one model), or a sequence (``costs[k-1]``: the time to verify k tokens; only ratios
-    matter), learnt from this gate's verifications only. ``settings``: :class:`GateSettings`."""
+    matter), learnt from this gate's verifications only. ``settings``: :class:`GateSettings`.
+
+    The arithmetic is the compiled core's (``cpp/include/ngramcache/gate.hpp``), the one
+    implementation that the decoding loops and the gated replay
+    (``ngramcache.replays.replay_drafter``) share; this class hands it the priors and, as
+    the curve is learnt, each new curve."""
 
     def __init__(self, costs: LearnedCosts | Sequence[float], settings: GateSettings = GateSettings()):
         if not isinstance(settings, GateSettings):
@@ -114,16 +117,10 @@ class Gate:
         self.max_len = costs.size - 1
         self._version = -1
         self._cost = list(costs.prior)
-        self._risk = settings.risk
-        n = self.max_len + 1
-        self._prior_means = acceptance_means(n) if settings.priors is Priors.TABLE else None
-        # hits/trials per (state, position), position j = drafted token j+1; plain lists: a few
-        # dozen numbers a step, where numpy's per-call cost would dominate
-        self._hits = [[0.0] * n for _ in range(N_STATES)]
-        self._trials = [[0.0] * n for _ in range(N_STATES)]
-        self._pool_hits = [0.0] * n
-        self._pool_trials = [0.0] * n
-        self._pool_expected = [0.0] * n  # the hits the priors expected for the same proposals
+        means = acceptance_means(self.max_len + 1) if settings.priors is Priors.TABLE else ()
+        self._core = _core.Gate(self._cost, LENGTH_BUCKETS, len(Source), means, min_gain=settings.min_gain,
+                                decay=settings.decay, prior_weight=settings.prior_weight, risk=settings.risk,
+                                flat_prior=FLAT_PRIOR)
 
     # -- the curve
 
@@ -134,6 +131,7 @@ class Gate:
         c = self.costs.curve()
         if self.costs.version != self._version:
             self._version, self._cost = self.costs.version, c
+            self._core.set_cost(c)
         return self._cost
 
     def verified(self, n_tokens: int, seconds: float) -> None:
@@ -151,22 +149,12 @@ class Gate:
 
     def probabilities(self, state: int, n: int) -> np.ndarray:
         """Estimated conditional acceptance of drafted tokens 1..n in ``state``."""
-        return np.asarray(self._probs(state, min(n, self.max_len + 1)))
+        return self._core.probabilities(state, max(0, min(n, self.max_len + 1)))
 
-    def _probs(self, state: int, n: int) -> list[float]:
-        w = self.settings.prior_weight
-        h, t = self._hits[state], self._trials[state]
-        ph, pt = self._pool_hits, self._pool_trials
-        if self._prior_means is None:
-            return [(h[j] + w * (ph[j] + FLAT_PRIOR) / (pt[j] + 1.0)) / (t[j] + w) for j in range(n)]
-        m, pe = self._prior_means[state], self._pool_expected
-        out = []
-        for j in range(n):
-            # this text's hits against the priors' expectation, only ever down: hits beyond
-            # the expected come from the states that copy well and say nothing of the others
-            scale = min(1.0, (ph[j] + w) / (pe[j] + w))
-            out.append((h[j] + w * min(MAX_PRIOR, m[j] * scale)) / (t[j] + w))
-        return out
+    def tallies(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """The decayed hits and trials of ``state`` per draft position: what its estimates
+        rest on beyond the priors (``bench/make_gate_priors.py`` fits the priors from them)."""
+        return self._core.tallies(state)
 
     # -- the decision
 
@@ -175,52 +163,24 @@ class Gate:
         k_max = min(available, self.max_len)
         if k_max <= 0:
             return 0
-        cost = self.curve()
-        if self._risk is not None:
-            while k_max > 0 and cost[k_max] - 1.0 > self._risk:
-                k_max -= 1
-        best_k, best_rate = 0, 1.0 + self.settings.min_gain  # plain decoding: 1 token per unit of cost
-        expected, run = 1.0, 1.0
-        for j, p in enumerate(self._probs(state, k_max)):
-            run *= p
-            expected += run
-            rate = expected / cost[j + 1]
-            if rate > best_rate:
-                best_k, best_rate = j + 1, rate
-        return best_k
+        self.curve()  # the core decides on the curve as learnt now
+        return self._core.choose(state, k_max)
 
     def settled(self, k: int, n_accepted: int) -> None:
         """A draft of ``k`` tokens was verified and ``n_accepted`` of them kept: the bound on
         the next draft grows (kept whole) or shrinks (first token wrong)."""
-        if self._risk is None or not 0 < k <= self.max_len:
+        if self.settings.risk is None or not 0 < k <= self.max_len:
             return
         if n_accepted >= k:
-            # past the curve's longest batch the bound cannot bind: it need not grow further
-            self._risk = min(2.0 * self._risk, self.curve()[-1])
-        elif n_accepted == 0:
-            self._risk = max(self.settings.risk, self._risk / 2.0)
+            self.curve()  # the bound grows up to the longest batch's cost as learnt now
+        self._core.settled(k, max(0, n_accepted))
 
     def observe(self, state: int, n_right: int, n_scored: int, start: int = 0) -> None:
         """Drafted tokens ``start+1 .. start+n_scored`` of a proposal made in ``state`` were
         compared with what followed: the first ``n_right`` of them were right (``n_right <
         n_scored``: the next one was wrong)."""
-        end = min(start + n_scored, self.max_len + 1)
-        n_right = min(n_right, end - start)
-        if end <= start:
-            return
-        tried = start + n_right + (1 if start + n_right < end else 0)
-        d = self.settings.decay
-        h, t = self._hits[state], self._trials[state]
-        ph, pt, pe = self._pool_hits, self._pool_trials, self._pool_expected
-        m = self._prior_means[state] if self._prior_means is not None else None
-        for j in range(start, tried):
-            hit = 1.0 if j < start + n_right else 0.0
-            h[j] = h[j] * d + hit
-            t[j] = t[j] * d + 1.0
-            ph[j] = ph[j] * d + hit
-            pt[j] = pt[j] * d + 1.0
-            if m is not None:
-                pe[j] = pe[j] * d + m[j]
+        if n_scored > 0:
+            self._core.observe(state, max(0, n_right), n_scored, start)
 
     def __repr__(self) -> str:
         c = self.curve()
