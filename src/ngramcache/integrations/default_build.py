@@ -7,9 +7,7 @@ build on some quantization types and is what a user had before installing ngramc
 first on ``PYTHONPATH``. ``bench/build_default_llama.sh`` (in a clone of the repository) makes
 the folder; nothing installs it by default.
 
-    python -m ngramcache.integrations.default_build MODEL N THREADS RUNS < prompt
-
-is the child: it prints one JSON object with each run's figures.
+``ngramcache.integrations.default_build_child`` is the child.
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ def plain_runs(folder: Path, model: str, prompt: bytes, n_tokens: int, threads: 
     env.pop("GGML_CPU_TILED_MM", None)  # llama-cpp-python's own defaults, as a user runs them
     env["NGRAMCACHE_EXACT"] = "0"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "ngramcache.integrations.default_build", model, str(n_tokens),
+    cmd = [sys.executable, "-m", "ngramcache.integrations.default_build_child", model, str(n_tokens),
            str(threads or 0), str(runs)]
     try:
         res = subprocess.run(cmd, input=prompt, env=env, capture_output=True, timeout=timeout)
@@ -57,26 +55,3 @@ def plain_runs(folder: Path, model: str, prompt: bytes, n_tokens: int, threads: 
     out = json.loads(res.stdout.decode().strip().splitlines()[-1])
     return out["runs"]
 
-
-def _child(argv: list[str]) -> int:
-    import llama_cpp
-
-    import ngramcache.integrations.llama as nl
-
-    model, n_tokens, threads, runs = argv[0], int(argv[1]), int(argv[2]) or None, int(argv[3])
-    prompt = sys.stdin.buffer.read()
-    llm = nl.make_llama(model, n_ctx=4096, n_threads=threads, exact=False)
-    nl.generate(llm, prompt[:200] or prompt, None, 4)  # first touches of the weights are page faults
-    out = []
-    for _ in range(runs):
-        r = nl.generate(llm, prompt, None, n_tokens)
-        out.append({"tokens": r.tokens.tolist(), "gen_tok_s": r.gen_tokens_per_s, "e2e_tok_s": r.e2e_tokens_per_s,
-                    "t_prompt": r.t_prompt})
-    info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
-    print(json.dumps({"runs": out, "llama_cpp": os.path.dirname(llama_cpp.__file__), "system_info": info}))
-    llm.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1:]))

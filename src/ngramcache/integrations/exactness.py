@@ -200,7 +200,8 @@ def build_info() -> dict:
 
 def configuration(llm) -> str:
     """In words, how ``llm`` decodes: the kernels of its one-token steps and verified drafts,
-    and those of its prompts (a repacked copy where ``make_llama`` loaded one:
+    and those of its prompts (a worker process on your own llama-cpp-python build, or a
+    repacked copy, where ``make_llama`` started one: ``ngramcache.integrations.llama_prompt_worker``,
     ``ngramcache.integrations.llama_prompt``)."""
     tiled = _tiled_now()
     kernels = ", ".join([
@@ -210,6 +211,9 @@ def configuration(llm) -> str:
     layout = getattr(llm, "_ngramcache_prompt_layout", None)
     if layout is None:
         prompts = "prompts through the same kernels"
+    elif hasattr(layout, "folder"):  # a PromptWorker
+        prompts = (f"prompts through your llama-cpp-python build in {layout.folder} in a worker process "
+                   f"(+{layout.memory_bytes / 2**20:.0f} MiB), their KV cache handed over")
     else:
         prompts = (f"prompts through a repacked copy of the weights (+{layout.memory_bytes / 2**20:.0f} MiB), "
                    "their KV cache handed over")

@@ -24,20 +24,23 @@ This module loads models and gathers the rest under one name: the backend lives 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import sys
 
 import ngramcache.decoding.loop as generation
 import ngramcache.models as models
 from ngramcache._validate import check_int
 from ngramcache.decoding.loop import GenerationResult
 from ngramcache.drafters.base import Drafter
-from ngramcache.integrations import exactness, llama_prompt
+from ngramcache.integrations import default_build, exactness, llama_prompt
 from ngramcache.integrations.exactness import ExactnessReport, check_exact, exactness_status, no_weight_repacking
 from ngramcache.integrations.llama_backend import LlamaBackend, backend_of, llama_cpp, need_llama
 from ngramcache.integrations.llama_costs import (_cost_key, adaptive_drafter, calibrate, cost_store_path,  # noqa: F401
                                                  learned_costs, load_costs, store_costs, verify_costs)  # (_cost_key: fuzz/targets.py)
 from ngramcache.integrations.llama_draft_model import (CountingDraftModel, LlamaDraftModel, LlamaDrafter,
                                                        check_llama, generate_llama_cpp)
+from ngramcache.integrations.llama_prompt_worker import PromptWorker
 
 __all__ = [
     "LlamaDrafter", "generate", "stream", "make_llama", "check_llama", "default_threads",
@@ -90,16 +93,23 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     costs are in docs/exactness.md), with output that can leave plain decoding's after a
     near tie.
 
-    Prompt layout (``prompt_layout``; exact models without a drafter): None (the default,
-    unless the environment variable ``NGRAMCACHE_PROMPT_LAYOUT`` is ``0``) loads a second,
-    repacked copy of the weights for prompts when this CPU repacks at least half of the
-    model's matrix weights (``llama_prompt.MIN_REPACKED_SHARE``); True loads it whatever the
-    types, False never. Prompts of at least
-    ``MIN_PROMPT_TOKENS`` tokens then run through the repacked kernels (much faster on Q4_K,
-    Q4_0 and IQ4_NL weights) and the exact context takes over their KV cache
-    (``ngramcache.integrations.llama_prompt``): plain and speculative decoding still give
-    the same tokens (``==``), at the cost of the repacked weights' memory
-    (``llm._ngramcache_prompt_layout.memory_bytes``).
+    Prompt layout (``prompt_layout``; exact models without a drafter): prompts of at least
+    ``MIN_PROMPT_TOKENS`` tokens may run through faster kernels that are not batch invariant,
+    the exact context taking over their KV cache; plain and speculative decoding still give
+    the same tokens (``==``). None (the default, unless the environment variable
+    ``NGRAMCACHE_PROMPT_LAYOUT`` is ``0``) picks the fastest there is:
+
+    - your own llama-cpp-python build (llamafile's kernels, built for this CPU), where
+      ``default_build.default_build_dir()`` finds one (``$NGRAMCACHE_DEFAULT_BUILD``, else
+      ``~/.cache/ngramcache/llama-default``), in a worker process loading the same model
+      (``ngramcache.integrations.llama_prompt_worker``);
+    - else a second, repacked copy of the weights in this process, when this CPU repacks at
+      least half of the model's matrix weights (``llama_prompt.MIN_REPACKED_SHARE``;
+      ``ngramcache.integrations.llama_prompt``).
+
+    True takes the repacked copy whatever the types where no build of your own is found;
+    False keeps prompts in the exact context. What it costs in memory:
+    ``llm._ngramcache_prompt_layout.memory_bytes``.
     """
     need_llama()
     if exact is None:
@@ -141,15 +151,44 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     if prompt_layout is None:
         prompt_layout = os.environ.get("NGRAMCACHE_PROMPT_LAYOUT", "").strip() != "0" and None
     if exact and drafter is None and prompt_layout is not False:
+        worker = _prompt_worker(path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                n_threads_batch=n_threads_batch, llama_kwargs=kwargs)
+        if worker is not None:
+            llm._ngramcache_prompt_layout = worker
+            return llm
         share = llama_prompt.repacked_share(path, exactness.build_info()["system_info"])
         if prompt_layout or share >= llama_prompt.MIN_REPACKED_SHARE:
-            rss0 = _anonymous_bytes()
+            rss0 = llama_prompt.anonymous_bytes()
             with suppress_stdout_stderr(disable=verbose):
                 twin = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                        n_threads_batch=n_threads_batch, verbose=verbose, **kwargs)
             n_swa = int(llama_cpp.llama_model_n_swa(twin._model.model)) if twin.context_params.swa_full is False else 0
-            llm._ngramcache_prompt_layout = llama_prompt.PromptLayout(twin, max(0, _anonymous_bytes() - rss0), n_swa)
+            llm._ngramcache_prompt_layout = llama_prompt.PromptLayout(twin, max(0, llama_prompt.anonymous_bytes() - rss0), n_swa)
     return llm
+
+
+_worker_failure_said = False
+
+
+def _prompt_worker(path, **config):
+    """A :class:`~ngramcache.integrations.llama_prompt_worker.PromptWorker` on the user's own
+    llama-cpp-python build where one is found (``default_build.default_build_dir()``), else
+    None. A worker that fails to start is said once, and the prompts stay in this process."""
+    global _worker_failure_said
+    folder = default_build.default_build_dir()
+    if folder is None:
+        return None
+    try:
+        json.dumps(config["llama_kwargs"])
+    except (TypeError, ValueError):  # arguments a child process cannot be given
+        return None
+    try:
+        return PromptWorker.start(folder, path, **config)
+    except RuntimeError as e:
+        if not _worker_failure_said:
+            _worker_failure_said = True
+            print(f"ngramcache: {e}; prompts are decoded by the exact build", file=sys.stderr)
+        return None
 
 
 def generate(llm, prompt, drafter: Drafter | None = None, max_tokens: int = 128, **kw) -> GenerationResult:
@@ -162,17 +201,3 @@ def stream(llm, prompt, drafter: Drafter | None = None, max_tokens: int = 128, *
     """:class:`ngramcache.decoding.loop.Stream` on a ``llama_cpp.Llama`` or any ``Backend``:
     iterate over the text pieces, then read ``.result``."""
     return generation.Stream(backend_of(llm), prompt, drafter, max_tokens, **kw)
-
-
-def _anonymous_bytes() -> int:
-    """This process's anonymous memory (what a second copy of mapped weights adds is its
-    repacked matrices and buffers, not the file's pages, which both copies share); 0 where
-    /proc does not say."""
-    try:
-        with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Anonymous:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0

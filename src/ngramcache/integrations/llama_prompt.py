@@ -33,7 +33,7 @@ import struct
 
 from ngramcache.integrations.llama_backend import _Batch
 
-__all__ = ["PromptLayout", "gguf_tensor_types", "repacked_share", "MIN_REPACKED_SHARE", "GGML_TYPE_NAMES"]
+__all__ = ["PromptLayout", "anonymous_bytes", "gguf_tensor_types", "repacked_share", "MIN_REPACKED_SHARE", "GGML_TYPE_NAMES"]
 
 #: ggml's type ids, for the types GGUF models use (ggml.h)
 GGML_TYPE_NAMES = {
@@ -219,3 +219,17 @@ class PromptLayout:
     def hand_over(self, exact_ctx) -> None:
         """Give the exact context this copy's KV cache for sequence 0."""
         self._copy(self.ctx, exact_ctx)
+
+
+def anonymous_bytes() -> int:
+    """This process's anonymous memory (what a second copy of mapped weights adds is its
+    repacked matrices and buffers, not the file's pages, which both copies share); 0 where
+    /proc does not say."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Anonymous:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
