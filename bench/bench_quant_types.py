@@ -19,9 +19,11 @@ process), configurations alternating within each round:
   default  the default build, llama-cpp-python's own loading (weights repacked, tiled K-quant
            matmul on, llamafile's kernels compiled in): a batch's rows differ from one token's
   exact    the README's build, ``make_llama(prompt_layout=False)``: no repacking, tiled matmul off
-  layout   the README's build, ``make_llama()``: as ``exact``, and prompts through a repacked copy
-           of the weights where this CPU repacks some of the model's matrices (what ngramcache
-           loads by default; the same as ``exact`` where it repacks none)
+  layout   the README's build, ``make_llama()``: what ngramcache loads by default. Tokens and
+           drafts as ``exact``; prompts through the default build in a worker process (the
+           default build of ``--default-build`` stands for the user's own), or without one
+           (``--exactness-only``) through a repacked copy of the weights where this CPU repacks
+           at least half of the model's matrices
 
 Each process measures: a 500-token prompt, one decoded token, verifying 4, 8 and 16 tokens (ms,
 medians within the process), and end to end the shipped demo prompt (160 tokens, the tok/s
@@ -174,6 +176,8 @@ def _run(path: Path, config: str, default_build: Path, repeats: int, check: bool
     paths = [env.get("PYTHONPATH", "")]
     if config == "default":
         paths.insert(0, str(default_build))
+    # ngramcache's default loading finds the default build (if given) and sends prompts to it
+    env["NGRAMCACHE_DEFAULT_BUILD"] = str(default_build) if default_build and config == "layout" else os.devnull
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     cmd = [sys.executable, __file__, "--child", str(path), "--config", config, "--repeats", str(repeats)]
     if check:

@@ -11,8 +11,11 @@ five workloads of bench_e2e.py:
                (weights repacked, tiled matmul on, llamafile's kernels): the user's baseline
   ngc-default  ngramcache's default drafter on the default build (``NGRAMCACHE_EXACT=0``): fast,
                but a batch's rows differ from one token's, so output can leave plain decoding's
-  plain        plain decoding on the README's exact build, as ngramcache loads models
+  plain        plain decoding on the README's exact build, as ngramcache loads models (with the
+               default build found, prompts go through it in a worker process: docs/exactness.md)
   ngc          ngramcache's default drafter on the exact build: what ngramcache gives by default
+  plain-1, ngc-1  the same with every pass on the exact build (``NGRAMCACHE_PROMPT_LAYOUT=0``):
+               what ngramcache gives where no default build is installed
 
 Each build runs in its own process (one ``llama_cpp`` per process), a fresh one per round, the
 builds' order alternating between rounds; within a process the variants alternate too. Printed:
@@ -32,19 +35,19 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILDS = ("default", "exact")
-VARIANTS = {"default": ("yours", "ngc-default"), "exact": ("plain", "ngc")}
+BUILDS = ("default", "exact", "one-build")
+VARIANTS = {"default": ("yours", "ngc-default"), "exact": ("plain", "ngc"), "one-build": ("plain-1", "ngc-1")}
 
 
-def e2e_child(path: str, exact: bool, tasks: list[tuple[str, str]], n_tokens: int) -> dict:
+def e2e_child(path: str, build: str, tasks: list[tuple[str, str]], n_tokens: int) -> dict:
     """In this process (whose ``llama_cpp`` is the build measured): for each ``(name, prompt)``,
     plain decoding and ngramcache's default drafter, in turn; ``{name: {variant: figures}}``."""
     from ngramcache import llama as nl
 
-    llm = nl.make_llama(path, n_ctx=4096, exact=exact)
+    llm = nl.make_llama(path, n_ctx=4096, exact=build != "default")
     drafter = nl.adaptive_drafter(llm)
     nl.generate(llm, tasks[0][1][:400], drafter, 8)  # first touches of the weights are page faults
-    plain_name, ngc_name = VARIANTS["exact" if exact else "default"]
+    plain_name, ngc_name = VARIANTS[build]
     out: dict = {}
     for i, (name, prompt) in enumerate(tasks):
         order = (plain_name, ngc_name) if i % 2 == 0 else (ngc_name, plain_name)
@@ -69,6 +72,10 @@ def child_env(build: str, default_build: Path) -> dict:
     if build == "default":
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(default_build), env.get("PYTHONPATH", "")) if p)
         env["NGRAMCACHE_EXACT"] = "0"
+    elif build == "exact":
+        env["NGRAMCACHE_DEFAULT_BUILD"] = str(default_build)
+    else:
+        env["NGRAMCACHE_PROMPT_LAYOUT"] = "0"
     return env
 
 
@@ -95,19 +102,21 @@ def _ratio(runs: list[dict], task: str, a: str, b: str) -> tuple[float, float, f
 def table(model: str, by_build: dict, workloads: list[str]) -> list[str]:
     lines = [f"{model}: tok/s end to end, medians of {len(by_build['exact'])} rounds",
              "",
-             "| workload | yours | ngc-default | plain | ngc | ngc / ngc-default | ngc / yours | ngc / plain | "
-             "ngc == plain |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    # rounds paired by index: the default and exact processes of one round ran back to back
-    rounds = [{t: {**d[t], **e[t]} for t in workloads} for d, e in zip(by_build["default"], by_build["exact"])]
+             "| workload | yours | ngc-default | plain | ngc | ngc-1 | ngc / ngc-default | ngc / yours | "
+             "ngc / plain | ngc-1 / yours | ngc == plain |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    # rounds paired by index: the processes of one round ran back to back
+    rounds = [{t: {**d[t], **e[t], **o[t]} for t in workloads}
+              for d, e, o in zip(by_build["default"], by_build["exact"], by_build["one-build"])]
     for t in workloads:
-        med = {v: statistics.median(r[t][v]["e2e_tok_s"] for r in rounds)
-               for v in ("yours", "ngc-default", "plain", "ngc")}
-        cells = [f"{med[v]:.1f}" for v in ("yours", "ngc-default", "plain", "ngc")]
-        for a, b in (("ngc", "ngc-default"), ("ngc", "yours"), ("ngc", "plain")):
+        shown = ("yours", "ngc-default", "plain", "ngc", "ngc-1")
+        med = {v: statistics.median(r[t][v]["e2e_tok_s"] for r in rounds) for v in shown}
+        cells = [f"{med[v]:.1f}" for v in shown]
+        for a, b in (("ngc", "ngc-default"), ("ngc", "yours"), ("ngc", "plain"), ("ngc-1", "yours")):
             m, lo, hi = _ratio(rounds, t, a, b)
             cells.append(f"{m:.2f} ({lo:.2f}-{hi:.2f})")
-        equal = all(r[t]["ngc"]["tokens"] == r[t]["plain"]["tokens"] for r in rounds)
+        equal = all(r[t]["ngc"]["tokens"] == r[t]["plain"]["tokens"]
+                    and r[t]["ngc-1"]["tokens"] == r[t]["plain-1"]["tokens"] for r in rounds)
         lines.append(f"| {t} | " + " | ".join(cells) + f" | {'yes' if equal else 'NO'} |")
     return lines
 
@@ -132,7 +141,7 @@ def main() -> int:
         from ngramcache.models import model_path
 
         chosen = [(n, p) for n, p in tasks if n in names]
-        print(json.dumps(e2e_child(model_path(args.child), args.build == "exact", chosen, args.tokens)))
+        print(json.dumps(e2e_child(model_path(args.child), args.build, chosen, args.tokens)))
         return 0
     if args.default_build is None or not (args.default_build / "llama_cpp").is_dir():
         ap.error("--default-build must name a folder holding a llama_cpp package (bench/build_default_llama.sh)")
@@ -140,7 +149,7 @@ def main() -> int:
     for model in args.models.split(","):
         by_build: dict = {b: [] for b in BUILDS}
         for r in range(args.rounds):
-            for build in (BUILDS if r % 2 == 0 else BUILDS[::-1]):
+            for build in (BUILDS if r % 2 == 0 else BUILDS[::-1]):  # the order alternates
                 fig = _run(model, build, args.default_build, args.tokens, names)
                 by_build[build].append(fig)
                 print(f"{model} round {r + 1} {build}: " + ", ".join(

@@ -105,10 +105,10 @@ def test_drafting_equals_plain_through_the_worker(gemma):
         prompts = [TEXT + "\n\nRepeat the story word for word:\n", "def add(a, b):\n    return a + b\n" * 12]
         for prompt in prompts:
             plain = nl.generate(llm, prompt, None, N)
-            for name in ("copy", "lookup", "suffix"):
+            for name in ("copy", "suffix"):
                 drafted = nl.generate(llm, prompt, make_drafter(name, n_draft=8), N)
                 assert drafted.tokens.tolist() == plain.tokens.tolist(), (name, prompt[:20])
-        assert counting.prefills >= 8 and counting.hand_overs >= 8  # the prompts went through the worker
+        assert counting.prefills >= 6 and counting.hand_overs >= 6  # the prompts went through the worker
     finally:
         counting.restore()
 
