@@ -41,7 +41,10 @@ void register_gate(py::module_& m) {
         .def("settled", &Gate::settled, "k"_a, "n_accepted"_a)
         .def("observe", &Gate::observe, "state"_a, "n_right"_a, "n_scored"_a, "start"_a)
         .def(
-            "tallies", [](const Gate& g, size_t state) { return py::make_tuple(as_array(g.hits(state)), as_array(g.trials(state))); },
+            "tallies",
+            [](const Gate& g, size_t state) {
+                return py::make_tuple(as_array(g.hits(state)), as_array(g.trials(state)));
+            },
             "state"_a, "The decayed hits and trials of a state per draft position.")
         .def_property_readonly("cost", &Gate::cost)
         .def_property_readonly("risk", &Gate::risk)

@@ -24,7 +24,7 @@ from ngramcache.files import atomic_open, open_cache
 from ngramcache.progress import peak_rss_bytes
 from ngramcache.static_table import StaticTable
 
-__all__ = ["ReplayStats", "replay", "replay_drafter", "SOURCES"]
+__all__ = ["GateFigures", "ReplayStats", "replay", "replay_drafter", "SOURCES"]
 
 SOURCES = ("context", "dynamic", "static")
 
@@ -35,6 +35,28 @@ def _f32(x) -> np.float32:
 
 def _ratio(num: float, den: float) -> float:
     return num / den if den else math.nan
+
+
+@dataclasses.dataclass
+class GateFigures:
+    """What a gated replay (``replay_drafter(..., gate=...)``) modelled. A step that
+    verifies k drafted tokens costs ``costs[k]`` one-token steps (``costs[0]`` = 1, a plain
+    step); plain decoding costs one step per token.
+
+    ``costs``: the curve the gate decided on; ``n_offered``: steps whose drafter proposed
+    something; ``n_declined``: of those, the steps the gate cut to nothing; ``n_generated``:
+    the tokens the steps produced (every replayed token but each chunk's first);
+    ``modelled_time``: the steps' cost, in one-token steps; ``speedup``: ``n_generated /
+    modelled_time``, the speed-up over plain decoding; ``drafting_share``: the share of
+    steps that drafted."""
+
+    costs: list
+    n_offered: int
+    n_declined: int
+    n_generated: int
+    modelled_time: float
+    speedup: float
+    drafting_share: float
 
 
 @dataclasses.dataclass
@@ -77,6 +99,7 @@ class ReplayStats:
     static_load_s: float | None = None
     dynamic_load_s: float | None = None
     peak_rss_bytes: int = 0
+    gate: GateFigures | None = None  # a gated replay's figures (replay_drafter's gate)
 
     # -- derived figures ------------------------------------------------------------------
     @property
@@ -171,6 +194,18 @@ class ReplayStats:
         else:
             out.append(f"drafter: {self.drafter}")
             out.append("")
+        if self.gate is not None:
+            g = self.gate
+            out.append("gate: each step verifies what the gate keeps of the proposal; a step of k drafted "
+                       "tokens costs cost(k+1), a plain step 1")
+            out.append(f"  {'modelled speed-up':<{w}}{g.speedup:.3f}x ({g.n_generated:,} tokens in "
+                       f"{g.modelled_time:,.1f} one-token steps)")
+            n_drafting = self.n_steps - self.draft_length_hist[0]
+            out.append(f"  {'steps that drafted':<{w}}{100 * g.drafting_share:.2f}% "
+                       f"({n_drafting:,} of {self.n_steps:,})")
+            out.append(f"  {'proposals declined':<{w}}{g.n_declined:,} of {g.n_offered:,}")
+            out.append(f"  {'cost curve':<{w}}" + ", ".join(f"{c:.2f}" for c in g.costs))
+            out.append("")
         out.append(f"  {'draft position':<16}{'drafted':>10}{'accepted':>10}{'accept':>9}")
         for i, (d, a) in enumerate(zip(self.drafted_by_position, self.accepted_by_position)):
             out.append(f"  {i + 1:<16}{d:>10,}{a:>10,}{pct(a, d):>9}")
@@ -232,13 +267,23 @@ class ReplayStats:
             fig.savefig(f, format="png", dpi=100)
 
     def to_dict(self) -> dict:
-        """Every field and derived figure, JSON-ready (NaN becomes None)."""
+        """Every field and derived figure, JSON-ready (NaN becomes None); ``gate`` only for a
+        gated replay."""
         d = dataclasses.asdict(self)
         for k in ("drafted_by_ngram", "accepted_by_ngram"):
             d[k] = {str(n): v for n, v in d[k].items()}
         d.update(n_replayed=self.n_replayed, accept=self.accept, us_per_drafted=self.us_per_drafted,
                  replay_tokens_per_s=self.replay_tokens_per_s, overlap=self.overlap)
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+        if d["gate"] is None:  # an ungated replay has no gate figures
+            del d["gate"]
+        else:
+            d["gate"] = _finite(d["gate"])
+        return _finite(d)
+
+
+def _finite(d: dict) -> dict:
+    """``d`` with its numbers that are not finite as None (JSON has no NaN)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
 def _open(path, role: str):
@@ -377,7 +422,7 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
 
 
 def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
-                   progress: Callable[[int, int], object] | None = None) -> ReplayStats:
+                   progress: Callable[[int, int], object] | None = None, *, gate=None, costs=None) -> ReplayStats:
     """Replay ``tokens`` with any drafter: the loop of ``replay`` (chunks of ``n_ctx``,
     each a new request: the drafter is reset with the chunk's first token), proposing up
     to ``n_draft`` tokens per step, accepting the longest prefix that matches the text
@@ -393,6 +438,16 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
     state is replaced by the replay's last chunk. The per-source, per-n-gram and overlap
     figures are lookup's own and stay empty; ``drafter`` in the result is its registered
     name (``ngramcache.drafters.registry``), else its class name.
+
+    ``gate``: None, or a ``GateSettings`` (a new gate on ``costs``) or a ``Gate`` (one that
+    has learnt already, on its own curve; it goes on learning): at every step the gate
+    decides how many of the proposal's tokens are verified, as a ``GatedDrafter`` does
+    while decoding, and learns from every proposal scored against the text. The counts are
+    then of the verified tokens, and ``gate`` in the result holds the modelled speed-up
+    (:class:`GateFigures`). ``costs``: cost(1), cost(2), ... of verifying 1, 2, ... tokens
+    (only ratios matter), extended to ``n_draft + 1``; None: the package's prior curve for
+    llama.cpp (``ngramcache.decoding.priors.cost_prior``). Only a drafter with a compiled
+    core can be replayed with a gate (in C++, with the gate's own core).
     """
     from ngramcache.decoding.gate import GatedDrafter
     from ngramcache.drafters.base import CoreSequenceDrafter, Drafter
@@ -402,6 +457,8 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
     arr, n_ctx, n_draft = _check_replay(tokens, n_ctx, n_draft, progress, "the replay needs at least {}")
     if not isinstance(drafter, Drafter):
         raise TypeError(f"replay_drafter needs a Drafter (reset, propose, accept, stats), got {type(drafter).__name__}")
+    if gate is not None or costs is not None:
+        return _replay_gated(arr, drafter, n_ctx, n_draft, progress, gate, costs)
     if isinstance(drafter, CoreSequenceDrafter):
         core = drafter._impl
         drafter.reset([])  # the drafter's own buffer would no longer describe its core after the replay
@@ -414,6 +471,47 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
     return ReplayStats(n_draft=n_draft, n_ctx=n_ctx, n_input=n_input, n_predict=n_input - n_input % n_ctx,
                        t_draft_flat=0.0, t_draft=t_draft, t_replay=t_replay, drafter=_drafter_name(drafter),
                        peak_rss_bytes=peak_rss_bytes(), **fields)
+
+
+def _replay_gated(arr: np.ndarray, drafter, n_ctx: int, n_draft: int, progress, gate, costs) -> ReplayStats:
+    """replay_drafter with a gate (its docstring): the compiled replay with the gate's core."""
+    from ngramcache.decoding.costs import check_costs, extend_costs
+    from ngramcache.decoding.gate import Gate, GateSettings
+    from ngramcache.decoding.priors import cost_prior
+    from ngramcache.drafters.base import CoreSequenceDrafter
+
+    if gate is None:
+        raise ValueError("costs applies to a gated replay: give gate too (a GateSettings or a Gate)")
+    if isinstance(gate, GateSettings):
+        curve = cost_prior("llama.cpp", None) if costs is None else [float(c) for c in check_costs(costs)]
+        gate = Gate(extend_costs(curve, n_draft + 1), gate)
+    elif not isinstance(gate, Gate):
+        raise TypeError(f"gate must be a GateSettings, a Gate or None, got {type(gate).__name__}")
+    elif costs is not None:
+        raise ValueError("costs: a Gate decides on its own curve; give costs with a GateSettings instead")
+    if not isinstance(drafter, CoreSequenceDrafter):
+        raise ValueError(f"gate: a gated replay needs a drafter with a compiled core, and "
+                         f"{_drafter_name(drafter)} has none")
+    core = drafter._impl
+    drafter.reset([])  # the drafter's own buffer would no longer describe its core after the replay
+    curve = list(gate.curve())
+    r, offered, declined = _core.replay_gated_drafter(core, arr, n_ctx, n_draft, gate._core, int(drafter._SOURCE),
+                                                      progress)
+    fields = {f: getattr(r, f) for f in _DRAFTER_FIELDS}
+    n_generated = fields["n_chunks"] * (n_ctx - 1)
+    hist = fields["draft_length_hist"]
+    modelled = 0.0
+    for k, n in enumerate(hist):  # the steps' cost, shortest drafts first
+        if n:
+            modelled += n * curve[k]
+    n_steps = fields["n_steps"]
+    figures = GateFigures(costs=curve, n_offered=int(offered), n_declined=int(declined), n_generated=n_generated,
+                          modelled_time=modelled, speedup=_ratio(n_generated, modelled),
+                          drafting_share=_ratio(n_steps - hist[0], n_steps))
+    n_input = int(arr.size)
+    return ReplayStats(n_draft=n_draft, n_ctx=n_ctx, n_input=n_input, n_predict=n_input - n_input % n_ctx,
+                       t_draft_flat=0.0, t_draft=r.t_draft_ns * 1e-9, t_replay=r.t_replay_ns * 1e-9,
+                       drafter=_drafter_name(drafter), peak_rss_bytes=peak_rss_bytes(), gate=figures, **fields)
 
 
 _DRAFTER_FIELDS = ("n_chunks", "n_steps", "n_drafted", "n_accept", "draft_length_hist", "accept_length_hist",

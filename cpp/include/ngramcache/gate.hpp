@@ -23,6 +23,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ngram.hpp"  // token_t, InputError
@@ -50,10 +51,11 @@ public:
     // cost.size() - 1 tokens. length_buckets: the lowest confidence of each length bucket,
     // ascending. means: per state, the prior of each of cost.size() positions (the
     // package's table); empty: flat priors, shrunk towards what all states saw.
-    Gate(const GateParams& params, std::vector<double> cost, std::vector<int64_t> length_buckets, size_t n_sources,
-         const std::vector<std::vector<double>>& means)
+    Gate(const GateParams& params, std::vector<double> cost, std::vector<int64_t> length_buckets,
+         size_t n_sources, const std::vector<std::vector<double>>& means)
         : p_(params), buckets_(std::move(length_buckets)), n_sources_(n_sources), risk_(params.risk) {
-        if (!(p_.min_gain >= 0 && std::isfinite(p_.min_gain))) throw InputError("min_gain must be a finite number >= 0");
+        if (!(p_.min_gain >= 0 && std::isfinite(p_.min_gain)))
+            throw InputError("min_gain must be a finite number >= 0");
         if (!(p_.decay > 0 && p_.decay <= 1)) throw InputError("decay must be in (0, 1]");
         if (!(p_.prior_weight > 0 && std::isfinite(p_.prior_weight)))
             throw InputError("prior_weight must be a finite number > 0");
@@ -114,7 +116,8 @@ public:
     double probability(size_t state, size_t j) const {
         const size_t i = index(state, j);
         const double w = p_.prior_weight;
-        if (means_.empty()) return (hits_[i] + w * (pool_hits_[j] + p_.flat_prior) / (pool_trials_[j] + 1.0)) / (trials_[i] + w);
+        if (means_.empty())
+            return (hits_[i] + w * (pool_hits_[j] + p_.flat_prior) / (pool_trials_[j] + 1.0)) / (trials_[i] + w);
         // this text's hits against the priors' expectation, only ever down: hits beyond the
         // expected come from the states that copy well and say nothing of the others
         const double scale = std::min(1.0, (pool_hits_[j] + w) / (pool_expected_[j] + w));

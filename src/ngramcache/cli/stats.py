@@ -29,6 +29,13 @@ drafter keeps across requests carries over), in C++ for a drafter with a compile
 that drafters can be compared on one text: acceptance, drafted tokens, the accepted-length
 histogram and us per drafted token.
 
+--gate replays the drafter behind the gate that generate, serve and chat use (docs/gate.md):
+at every step the gate decides how many of the proposal's tokens are verified, and learns
+from every proposal scored against the text, the declined ones too. A step that verifies k
+drafted tokens costs cost(k+1) one-token steps (--costs; default: the package's prior curve
+for llama.cpp), a plain step 1; it prints the modelled speed-up over plain decoding, the
+tokens drafted and accepted under the gate, and the share of steps that drafted.
+
 The defaults, --drafter lookup and --spec-draft-n-max {STATS_N_DRAFT}, are llama-lookup-stats' own, on
 purpose: the figures compare with llama.cpp's. generate, serve and chat draft with copy, up
 to {N_DRAFT} tokens, of which adaptive drafting verifies only what pays on the model; give
@@ -44,6 +51,8 @@ examples:
   python -m ngramcache stats --tokens prose.tokens.i32 -lcs corpus.ngst --json
   python -m ngramcache stats --tokens prose.tokens.i32 -lcs lookup.bin --plot accept.png
   python -m ngramcache stats --tokens prose.tokens.i32 --drafter suffix --spec-draft-n-max 16
+  python -m ngramcache stats --tokens out.tokens.i32 --drafter copy --spec-draft-n-max 16 --gate \
+      --costs 1,1.6,2.0,2.5
 
 exit status: 0 ok, 1 unreadable file or missing optional module, 2 bad arguments or an
 input too short for one chunk.
@@ -66,6 +75,12 @@ def add_parser(sub) -> None:
     r.add_argument("--no-llama-oob", action="store_false", dest="llama_oob",
                    help="treat 3- and 4-gram keys that reach before a chunk's start as not found, instead "
                         "of reading what llama.cpp reads there (docs/parity.md)")
+    r.add_argument("--gate", action="store_true",
+                   help="verify what the gate keeps of each proposal, and print the modelled speed-up "
+                        "(not with --drafter lookup)")
+    r.add_argument("--costs", metavar="C1,C2,...",
+                   help="with --gate: cost(1), cost(2), ... of verifying 1, 2, ... tokens, relative to one "
+                        "(extended linearly; default: the package's prior curve for llama.cpp)")
     add_drafter_flags(p, "lookup", "what drafts")
     o = p.add_argument_group("output")
     o.add_argument("--plot", metavar="PNG",
@@ -84,6 +99,25 @@ def _check_caches(args) -> None:
             check_regular_file(path, "cache file")
 
 
+def _costs(args) -> list[float] | None:
+    """--costs as numbers (None: not given); a usage error unless positive finite numbers
+    given with --gate."""
+    import math
+
+    if args.costs is None:
+        return None
+    if not args.gate:
+        raise UsageError("--costs applies to --gate: give --gate too")
+    try:
+        costs = [float(x) for x in args.costs.split(",")]
+    except ValueError:
+        costs = []
+    if not costs or not all(c > 0 and math.isfinite(c) for c in costs):
+        raise UsageError(f"--costs must be positive numbers separated by commas, cost(1), cost(2), ... of "
+                         f"verifying 1, 2, ... tokens, got {args.costs!r}")
+    return costs
+
+
 def run(args) -> int:
     from ngramcache.progress import Progress, fmt_seconds
     from ngramcache.replays import replay, replay_drafter
@@ -93,6 +127,10 @@ def run(args) -> int:
     check_text_input(args)
     drafter = None  # None: llama.cpp's lookup, replayed exactly as llama-lookup-stats
     options = drafter_options(args)  # an option of another drafter is a usage error
+    costs = _costs(args)
+    if args.gate and args.drafter == "lookup":
+        raise UsageError("--gate applies to the drafters that ngramcache replays (--drafter copy, suffix, ...), "
+                         "not to --drafter lookup, which stats replays as llama-lookup-stats does, ungated")
     if args.drafter != "lookup":
         if args.lookup_cache_static is not None or args.lookup_cache_dynamic is not None:
             raise UsageError(f"-lcs and -lcd apply to --drafter lookup, not {args.drafter}")
@@ -129,7 +167,12 @@ def run(args) -> int:
             stats = replay(tokens, n_ctx, args.n_draft, static=args.lookup_cache_static, dynamic=dynamic,
                            progress=progress, llama_oob=args.llama_oob)
         else:
-            stats = replay_drafter(tokens, drafter, n_ctx, args.n_draft, progress=progress)
+            gate = None
+            if args.gate:
+                from ngramcache.decoding.gate import GateSettings
+
+                gate = GateSettings()
+            stats = replay_drafter(tokens, drafter, n_ctx, args.n_draft, progress=progress, gate=gate, costs=costs)
 
     emit(args, stats.to_dict(), text=stats.summary() + "\n" + stats.table(), json_indent=2)
     if args.plot is not None:
