@@ -4,9 +4,12 @@
 //
 //   bind_sequence_drafter<D>(m, "Name", "doc", py::init<...>() or py::init(factory), options...)
 //
-// Python sees one base class, CompiledDrafter, with reset(prompt), accept(tokens) and
-// step(n_max) -> (tokens, confidence, source): one call per decoding step, and one replay_drafter(drafter, tokens,
-// n_ctx, n_draft, progress) for all of them; each drafter's class adds its constructor and
+// Python sees one base class, CompiledDrafter, with reset(prompt), accept(tokens),
+// step(n_max) -> (tokens, confidence, source): one call per decoding step, and tokens, the
+// sequence as the drafter holds it (D::tokens(), a TokenBuffer), read in place: a
+// read-only numpy array over the buffer's block, which it keeps alive, so that it stays
+// valid and unchanged whatever the drafter does next (token_buffer.hpp); and one
+// replay_drafter(drafter, tokens, n_ctx, n_draft, progress) for all of them; each drafter's class adds its constructor and
 // what it has beyond the protocol. The object is a Bound<D>: an Exclusive<D>
 // (exclusive.hpp) behind the base's virtual calls. Every call that releases the GIL claims
 // the drafter, so a second thread calling in meanwhile gets a RuntimeError, not a data
@@ -16,14 +19,32 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <type_traits>
 #include <utility>
 
 #include "common.hpp"
 #include "ngramcache/drafter_replay.hpp"
 #include "ngramcache/exclusive.hpp"
+#include "ngramcache/token_buffer.hpp"
 
 namespace ngramcache_bind {
+
+// A read-only array over the first size() tokens of b's block, holding the block (the
+// tokens it shows are never written again, token_buffer.hpp).
+inline py::array_t<int32_t> shared_view(const ngramcache::TokenBuffer& b) {
+    py::array_t<int32_t> out;
+    if (b.empty()) {
+        out = py::array_t<int32_t>(0);
+    } else {
+        using Block = std::shared_ptr<const token_t[]>;
+        auto* block = new Block(b.share());
+        py::capsule owner(block, [](void* p) { delete static_cast<Block*>(p); });
+        out = py::array_t<int32_t>(static_cast<py::ssize_t>(b.size()), block->get(), owner);
+    }
+    py::detail::array_proxy(out.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    return out;
+}
 
 class CompiledDrafter {
 public:
@@ -32,6 +53,7 @@ public:
     virtual void accept(const Tokens& tokens) = 0;
     // the proposal, its confidence (a match length) and its source (-1: the drafter has one)
     virtual py::tuple step(size_t n_max) = 0;
+    virtual py::array_t<int32_t> tokens() = 0;
     virtual ngramcache::DrafterReplayResult replay(const Tokens& tokens, const ngramcache::ReplayOptions& opt,
                                                    const Progress& progress) = 0;
 };
@@ -69,6 +91,7 @@ public:
         }
         return py::make_tuple(std::move(tokens), confidence, source);
     }
+    py::array_t<int32_t> tokens() override { return shared_view(this->use().tokens()); }
     ngramcache::DrafterReplayResult replay(const Tokens& tokens, const ngramcache::ReplayOptions& opt,
                                            const Progress& progress) override {
         Claim d(*this);
@@ -85,7 +108,10 @@ inline void register_compiled_drafter(py::module_& m) {
         .def("accept", &CompiledDrafter::accept, "tokens"_a)
         .def("step", &CompiledDrafter::step, "n_max"_a,
              "One step: (up to n_max proposed tokens, their confidence (a match length), their source "
-             "(-1 where the drafter has one source only)).");
+             "(-1 where the drafter has one source only)).")
+        .def_property_readonly("tokens", &CompiledDrafter::tokens,
+                               "The sequence so far, in place: a read-only array that keeps what it shows "
+                               "(later calls never change it).");
     m.def(
         "replay_drafter",
         [](CompiledDrafter& d, const Tokens& tokens, size_t n_ctx, size_t n_draft, const Progress& progress) {

@@ -355,7 +355,7 @@ TEST(exclusive_refuses_a_second_user) {
         CHECK_THROWS_AS(Exclusive<LookupDrafter>::Claim{d}, InUse, "in use by another thread");
     }
     CHECK(!d.busy());
-    CHECK_EQ(d.use().tokens(), t);
+    CHECK_EQ(d.use().tokens().to_vector(), t);
     // Threads race for claims; whoever wins steps the drafter. A step of an unclaimed
     // drafter would be a data race (ThreadSanitizer's build fails on one), and the sequence
     // holds exactly the tokens the winners accepted.

@@ -167,6 +167,9 @@ class CompiledDrafter:
     def accept(self, tokens: Tokens) -> None: ...
     def step(self, n_max: int) -> tuple:
         """One step: (up to n_max proposed tokens, their confidence (a match length), their source (-1 where the drafter has one source only))."""
+    @property
+    def tokens(self) -> numpy.typing.NDArray[numpy.int32]:
+        """The sequence so far, in place: a read-only array that keeps what it shows (later calls never change it)."""
 
 def replay_drafter(drafter: CompiledDrafter, tokens: Tokens, n_ctx: int, n_draft: int, progress: collections.abc.Callable[[int, int], None] | None) -> DrafterReplayResult: ...
 

@@ -26,6 +26,7 @@
 #include "ngram.hpp"
 #include "shared_cache.hpp"
 #include "span_index.hpp"
+#include "token_buffer.hpp"
 
 namespace ngramcache {
 
@@ -99,7 +100,7 @@ public:
     void set_dynamic(const SharedCache* dynamic) { lookup_.set_dynamic(dynamic); }
     const SharedCache& context() const { return lookup_.context(); }
     const CopyOptions& options() const { return opt_; }
-    const std::vector<token_t>& tokens() const { return seq_; }
+    const TokenBuffer& tokens() const { return seq_; }
 
     // Every indexed min_match-gram with its positions (each the gram's last token), oldest
     // first; the grams in no particular order (for tests and inspection).
@@ -164,7 +165,7 @@ private:
 
     CopyOptions opt_;
     LookupDrafter lookup_;
-    const std::vector<token_t>& seq_;  // the lookup drafter's sequence
+    const TokenBuffer& seq_;  // the lookup drafter's sequence
     SpanIndex heads_;            // min_match-gram -> its newest indexed position (the gram's last token)
     std::vector<size_t> prev_;   // [pos]: the previous position of the same gram, npos if none
     size_t indexed_ = 0;         // positions before this one are indexed

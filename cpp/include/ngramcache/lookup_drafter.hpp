@@ -21,6 +21,7 @@
 #include "draft.hpp"
 #include "ngram.hpp"
 #include "shared_cache.hpp"
+#include "token_buffer.hpp"
 
 namespace ngramcache {
 
@@ -44,7 +45,7 @@ public:
     LookupDrafter& operator=(const LookupDrafter&) = delete;
 
     void reset(const token_t* prompt, size_t n) {
-        seq_.assign(prompt, prompt + n);
+        seq_.assign(prompt, n);
         confidence_ = 0;
         context_->write([&](NgramCache& c) {
             c.clear();
@@ -54,7 +55,7 @@ public:
 
     void accept(const token_t* tokens, size_t n) {
         if (n == 0) return;
-        seq_.insert(seq_.end(), tokens, tokens + n);
+        seq_.append(tokens, n);
         context_->write([&](NgramCache& c) { c.update(seq_.data(), seq_.size(), ngram_min_, ngram_max_, n); });
     }
 
@@ -74,7 +75,7 @@ public:
     const SharedCache& context() const { return *context_; }
     int ngram_min() const { return ngram_min_; }
     int ngram_max() const { return ngram_max_; }
-    const std::vector<token_t>& tokens() const { return seq_; }
+    const TokenBuffer& tokens() const { return seq_; }
 
 private:
     int ngram_min_, ngram_max_;
@@ -82,7 +83,7 @@ private:
     SharedCache* context_;
     const SharedCache* dynamic_;
     StaticSource static_;
-    std::vector<token_t> seq_;
+    TokenBuffer seq_;
     int confidence_ = 0;
 };
 

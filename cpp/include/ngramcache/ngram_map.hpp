@@ -76,6 +76,8 @@ public:
         }
     }
     void append(const token_t* p, size_t n) { hist_.append(p, n); }
+    // The token after the history, kept with it unread (TokenHistory::push_next).
+    void push_next(token_t t) { hist_.push_next(t); }
 
     void begin(const token_t* p, size_t n) {
         sync(p, n);

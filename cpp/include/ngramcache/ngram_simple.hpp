@@ -56,6 +56,8 @@ public:
     // The history becomes p[0..n) / grows by p[0..n).
     void sync(const token_t* p, size_t n) { index_.truncate(hist_.sync(p, n)); }
     void append(const token_t* p, size_t n) { hist_.append(p, n); }
+    // The token after the history, kept with it unread (TokenHistory::push_next).
+    void push_next(token_t t) { hist_.push_next(t); }
 
     // ngram-simple keeps no per-request state: begin and accept do nothing.
     void begin() {}

@@ -3,7 +3,10 @@
 //
 // TokenHistory  the drafter's own copy of the prompt. llama.cpp hands its drafters the
 //               whole prompt at every call; keeping a copy lets a drafter index only what
-//               was appended since the previous call and detect a rewritten prompt.
+//               was appended since the previous call and detect a rewritten prompt. It may
+//               also hold the token after the prompt (llama.cpp's id_last), which the
+//               drafter never reads, so that a SequenceAdapter (sequence_adapter.hpp) finds
+//               the whole sequence in one buffer.
 // WindowIndex   every window of n tokens of the history, grouped by content: per distinct
 //               window its first and latest start, and per start the previous and next
 //               start of an equal window. "The most recent earlier occurrence" of a window,
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "ngram.hpp"
+#include "token_buffer.hpp"
 
 namespace ngramcache {
 
@@ -28,29 +32,45 @@ namespace ngramcache {
 inline constexpr size_t kMaxHistory = 0xFFFFFFF0u;
 
 struct TokenHistory {
-    std::vector<token_t> tok;
+    TokenBuffer tok;        // the history, then the next token if has_next
+    bool has_next = false;
 
-    size_t size() const { return tok.size(); }
+    size_t size() const { return tok.size() - (has_next ? 1 : 0); }
     const token_t* data() const { return tok.data(); }
 
-    // Makes the history equal to p[0..n); returns how many leading tokens were kept.
-    // The comparison is one memcmp of the shorter length (it only reads).
+    // Makes the history equal to p[0..n), without a next token; returns how many leading
+    // tokens of the history were kept. The comparison is one memcmp of the shorter length
+    // (it only reads); a next token equal to p's token after the history is kept too.
     size_t sync(const token_t* p, size_t n) {
         check_length(n);
-        const size_t k = std::min(n, tok.size());
+        const size_t old = size(), k = std::min(n, tok.size());
         size_t d = k;
         if (k && std::memcmp(tok.data(), p, k * sizeof(token_t)) != 0) {
             d = 0;
             while (d < k && tok[d] == p[d]) ++d;
         }
-        tok.resize(d);
-        tok.insert(tok.end(), p + d, p + n);
-        return d;
+        tok.truncate(d);
+        tok.append(p + d, n - d);
+        has_next = false;
+        return std::min(d, old);
     }
 
     void append(const token_t* p, size_t n) {
+        take_next();
         check_length(tok.size() + n);
-        tok.insert(tok.end(), p, p + n);
+        tok.append(p, n);
+    }
+
+    // The token after the history (none held): it is kept, not indexed.
+    void push_next(token_t t) {
+        take_next();
+        tok.push_back(t);
+        has_next = true;
+    }
+    // The next token, if any, joins the history.
+    void take_next() {
+        if (has_next) check_length(tok.size());
+        has_next = false;
     }
 
     static void check_length(size_t n) {

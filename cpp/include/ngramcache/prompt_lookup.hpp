@@ -24,6 +24,7 @@
 
 #include "ngram.hpp"
 #include "span_index.hpp"
+#include "token_buffer.hpp"
 
 namespace ngramcache {
 
@@ -50,7 +51,7 @@ public:
     }
 
     void reset(const token_t* prompt, size_t n) {
-        seq_.assign(prompt, prompt + n);
+        seq_.assign(prompt, n);
         for (SpanIndex& t : tables_) t.clear();
         indexed_ = 0;
         confidence_ = 0;
@@ -58,7 +59,7 @@ public:
     }
 
     void accept(const token_t* tokens, size_t n) {
-        seq_.insert(seq_.end(), tokens, tokens + n);
+        seq_.append(tokens, n);
         index_new();
     }
 
@@ -91,6 +92,7 @@ public:
     int confidence() const { return confidence_; }
 
     size_t size() const { return seq_.size(); }
+    const TokenBuffer& tokens() const { return seq_; }
     int max_ngram() const { return max_ngram_; }
     int min_ngram() const { return min_ngram_; }
     Match match() const { return match_; }
@@ -124,7 +126,7 @@ private:
 
     int max_ngram_, min_ngram_;
     Match match_;
-    std::vector<token_t> seq_;
+    TokenBuffer seq_;
     std::vector<SpanIndex> tables_;  // [size - min_ngram]: n-gram -> the position of its last token
     size_t indexed_ = 0;             // n-grams ending before this position are indexed
     int confidence_ = 0;

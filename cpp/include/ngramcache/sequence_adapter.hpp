@@ -8,9 +8,11 @@
 //   confidence()      the key size of D when the last proposal was non-empty, else 0
 //
 // In llama.cpp the drafter's prompt excludes the token just sampled (id_last); in the
-// sequence protocol that token is the last one of the sequence. So the adapter keeps the
-// sequence as D's history plus that one token, and appends to D only what it will never
-// see as id_last again: a step costs what D's draft costs, never the context's length.
+// sequence protocol that token is the last one of the sequence. So the sequence is D's
+// history followed by that one token, which D's history holds past its end unread
+// (TokenHistory::push_next): tokens() is the whole sequence in one buffer, held once, and D
+// indexes only what it will never see as id_last again, so a step costs what D's draft
+// costs, never the context's length.
 // n_accepted is the length of the prefix of the proposal that the verified tokens repeat,
 // as llama.cpp counts it (accepted draft tokens, without the sampled one), also when it is
 // 0; accept is not forwarded after an empty proposal, as llama-server does not verify one.
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "ngram.hpp"
+#include "token_buffer.hpp"
 
 namespace ngramcache {
 
@@ -54,9 +57,8 @@ public:
     void reset(const token_t* prompt, size_t n) {
         pending_ = false;
         conf_ = 0;
-        has_last_ = n > 0;
         d_.sync(prompt, n > 0 ? n - 1 : 0);
-        if (has_last_) last_ = prompt[n - 1];
+        if (n > 0) d_.push_next(prompt[n - 1]);
         d_.begin();
     }
 
@@ -69,17 +71,15 @@ public:
             d_.accept(acc);
             pending_ = false;
         }
-        if (has_last_) d_.append(&last_, 1);
-        d_.append(tokens, n - 1);
-        last_ = tokens[n - 1];
-        has_last_ = true;
+        d_.append(tokens, n - 1);  // after the old last token, which joins the history
+        d_.push_next(tokens[n - 1]);
     }
 
     size_t propose(size_t n_max, token_t* out) {
         pending_ = false;
         conf_ = 0;
-        if (!has_last_) return 0;
-        d_.draft(last_, draft_);
+        if (!d_.history().has_next) return 0;
+        d_.draft(d_.history().tok.back(), draft_);
         if (draft_.size() > n_max) draft_.resize(n_max);  // as the server cuts a draft
         std::copy(draft_.begin(), draft_.end(), out);
         pending_ = !draft_.empty();
@@ -88,11 +88,11 @@ public:
     }
 
     int confidence() const { return conf_; }
+    // The sequence: D's history and the newest token.
+    const TokenBuffer& tokens() const { return d_.history().tok; }
 
 private:
     D d_;
-    token_t last_ = 0;
-    bool has_last_ = false;
     bool pending_ = false;
     int conf_ = 0;
     std::vector<token_t> draft_;

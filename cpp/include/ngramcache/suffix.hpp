@@ -100,7 +100,7 @@ public:
         std::shared_lock<std::shared_mutex> lk(mu_);
         std::vector<std::vector<token_t>> out;
         out.reserve(trie_.n_texts());
-        for (size_t i = 0; i < trie_.n_texts(); ++i) out.push_back(trie_.text_at(i));
+        for (size_t i = 0; i < trie_.n_texts(); ++i) out.push_back(trie_.text_at(i).to_vector());
         return out;
     }
     bool consistent() const {  // for tests
@@ -162,7 +162,7 @@ public:
 
     // Hand the request so far to the store and start an empty one.
     void finish() {
-        if (store_ && !seq().empty()) store_->add(seq().data(), seq().size());
+        if (store_ && !tokens().empty()) store_->add(tokens().data(), tokens().size());
         trie_.clear();
         trie_.open(0);
         match_ = 0;
@@ -182,7 +182,7 @@ public:
 
     size_t propose(size_t n_max, token_t* out) {
         conf_ = 0;
-        if (n_max == 0 || seq().empty()) return 0;
+        if (n_max == 0 || tokens().empty()) return 0;
         double score_a = 0;
         size_t n_a = 0;
         if (match_ > 0) {
@@ -217,7 +217,9 @@ public:
     size_t max_depth() const { return depth_; }
     double alpha() const { return alpha_; }
     double min_prob() const { return min_prob_; }
-    size_t n_tokens() const { return seq().size(); }
+    size_t n_tokens() const { return tokens().size(); }
+    // The request so far.
+    const TokenBuffer& tokens() const { return trie_.newest(); }
     size_t n_nodes() const { return trie_.n_nodes(); }
     bool consistent() const { return trie_.consistent(); }  // for tests
     // Bytes allocated for the request (its trie and tokens), not the store's.
@@ -225,7 +227,6 @@ public:
     const std::shared_ptr<SuffixStore>& store() const { return store_; }
 
 private:
-    const std::vector<token_t>& seq() const { return trie_.newest(); }
 
     // The proposal rule's steps from the match at pos, contexts of at most dmax tokens.
     size_t walk(const SuffixTrie& t, SuffixTrie::Pos pos, size_t dmax, size_t n_max, token_t* out,
@@ -255,9 +256,9 @@ private:
         if (s_version_ != store_->version_) {
             s_version_ = store_->version_;
             s_pos_ = SuffixTrie::Pos{};
-            s_fed_ = seq().size() > store_depth_ ? seq().size() - store_depth_ : 0;
+            s_fed_ = tokens().size() > store_depth_ ? tokens().size() - store_depth_ : 0;
         }
-        const std::vector<token_t>& q = seq();
+        const TokenBuffer& q = tokens();
         for (; s_fed_ < q.size(); ++s_fed_) {
             const token_t c = q[s_fed_];
             for (;;) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ngram.hpp"
+#include "token_buffer.hpp"
 
 namespace ngramcache {
 
@@ -75,7 +76,7 @@ public:
     size_t max_depth() const { return depth_; }
     size_t n_nodes() const { return nodes_.size() - 1 - free_.size(); }
     size_t n_texts() const { return texts_.size(); }
-    const std::vector<token_t>& text_at(size_t i) const { return texts_[i]; }  // 0: the oldest
+    const TokenBuffer& text_at(size_t i) const { return texts_[i]; }  // 0: the oldest
     size_t front_size() const { return texts_.front().size(); }
     const Node& node(uint32_t i) const { return nodes_[i]; }
 
@@ -175,7 +176,7 @@ public:
 
     // Append a token to the newest text.
     void push(token_t c) {
-        std::vector<token_t>& t = texts_.back();
+        TokenBuffer& t = texts_.back();
         if (t.size() >= kLeaf) throw std::length_error("suffix trie: text too long");  // offsets are 32-bit
         const uint32_t rid = first_id_ + static_cast<uint32_t>(texts_.size() - 1);
         const uint32_t j = static_cast<uint32_t>(t.size());
@@ -216,14 +217,14 @@ public:
     }
 
     // The newest text, and the longest of its suffixes that is a node (its depth and node).
-    const std::vector<token_t>& newest() const { return texts_.back(); }
+    const TokenBuffer& newest() const { return texts_.back(); }
     size_t node_depth() const { return F_; }
     uint32_t suffix_node(size_t d) const { return act_[d]; }
 
     // Forget the oldest request: then the newest occurrence of every surviving node lies
     // in a surviving request and the stamps stay exact.
     void pop_front() {
-        const std::vector<token_t>& t = texts_.front();
+        const TokenBuffer& t = texts_.front();
         std::vector<std::pair<uint32_t, uint32_t>> dead;  // (parent, node)
         std::vector<uint32_t> dirty;                      // nodes whose best child lost counts
         std::vector<uint32_t> act(depth_ + 1, 0);
@@ -352,7 +353,7 @@ private:
         uint32_t child = 0;  // 0: empty (the root is nobody's child)
     };
 
-    const std::vector<token_t>& text(uint32_t rid) const { return texts_[rid - first_id_]; }
+    const TokenBuffer& text(uint32_t rid) const { return texts_[rid - first_id_]; }
 
     void enter(Pos& p, uint32_t w) const {
         const Node& wn = nodes_[w];
@@ -479,7 +480,7 @@ private:
     std::vector<uint32_t> free_;
     std::vector<Slot> slots_;
     size_t used_ = 0;
-    std::deque<std::vector<token_t>> texts_;  // the requests held, oldest first
+    std::deque<TokenBuffer> texts_;  // the requests held, oldest first
     std::deque<uint32_t> starts_;             // each one's first stamp
     uint32_t first_id_ = 0;                   // the oldest one's id (ids count up, modulo 2^32)
     std::vector<uint32_t> act_;               // the newest text's suffixes that are nodes:
