@@ -34,17 +34,18 @@ def text_like(n: int, seed: int) -> np.ndarray:
     return np.concatenate(out)[:n].astype(np.int32)
 
 
-def reference(tokens: np.ndarray, name: str, n_ctx: int, n_draft: int, gate: Gate) -> dict:
+def reference(tokens: np.ndarray, name: str, n_ctx: int, n_draft: int, gate: Gate, n_prompt: int = 1) -> dict:
     """The replay's loop in plain Python: a GatedDrafter (the decoding loops' own) in front of
-    the drafter, each chunk a request, the longest right prefix and the next token accepted."""
+    the drafter, each chunk a request from its first ``n_prompt`` tokens, the longest right
+    prefix and the next token accepted."""
     d = GatedDrafter(make_drafter(name, n_draft=n_draft), gate)
     out = {"draft_length_hist": [0] * (n_draft + 1), "accept_length_hist": [0] * (n_draft + 1),
            "drafted_by_position": [0] * n_draft, "accepted_by_position": [0] * n_draft,
            "n_drafted": 0, "n_accept": 0, "n_steps": 0, "offered": 0, "declined": 0}
     for c in range((tokens.size - 1) // n_ctx):
         chunk = tokens[c * n_ctx : (c + 1) * n_ctx]
-        d.reset(chunk[:1])
-        have = 1
+        d.reset(chunk[:n_prompt])
+        have = n_prompt
         while have < n_ctx:
             draft = d.propose(n_draft)
             k, acc = int(draft.size), 0
@@ -68,23 +69,26 @@ def reference(tokens: np.ndarray, name: str, n_ctx: int, n_draft: int, gate: Gat
     return out
 
 
-CASES = [  # drafter, curve, settings, stream seed
-    ("copy", CPU, GateSettings(), 1),
-    ("copy", FLAT_CURVE, GateSettings(risk=None), 2),
-    ("suffix", CPU, GateSettings(priors=Priors.FLAT), 3),
-    ("pld", FLAT_CURVE, GateSettings(min_gain=0.0, decay=0.9), 4),
-    ("mod", CPU, GateSettings(prior_weight=1.0), 5),
-    ("simple", CPU, GateSettings(priors=Priors.FLAT), 6),
+CASES = [  # drafter, curve, settings, stream seed, prompt tokens of each chunk
+    ("copy", CPU, GateSettings(), 1, 1),
+    ("copy", FLAT_CURVE, GateSettings(risk=None), 2, 1),
+    ("suffix", CPU, GateSettings(priors=Priors.FLAT), 3, 1),
+    ("pld", FLAT_CURVE, GateSettings(min_gain=0.0, decay=0.9), 4, 1),
+    ("mod", CPU, GateSettings(prior_weight=1.0), 5, 1),
+    ("simple", CPU, GateSettings(priors=Priors.FLAT), 6, 1),
+    ("copy", CPU, GateSettings(), 7, 300),
+    ("suffix", FLAT_CURVE, GateSettings(), 8, 450),
 ]
 
 
-@pytest.mark.parametrize("name, curve, settings, seed", CASES)
-def test_the_replay_decides_as_a_gated_drafter_in_a_python_loop(name, curve, settings, seed):
+@pytest.mark.parametrize("name, curve, settings, seed, n_prompt", CASES)
+def test_the_replay_decides_as_a_gated_drafter_in_a_python_loop(name, curve, settings, seed, n_prompt):
     tokens = text_like(3000, seed)
     n_ctx, n_draft = 700, 8
     fast, slow = Gate(curve, settings), Gate(curve, settings)
-    got = replay_drafter(tokens, make_drafter(name, n_draft=n_draft), n_ctx, n_draft, gate=fast)
-    want = reference(tokens, name, n_ctx, n_draft, slow)
+    got = replay_drafter(tokens, make_drafter(name, n_draft=n_draft), n_ctx, n_draft, gate=fast, n_prompt=n_prompt)
+    want = reference(tokens, name, n_ctx, n_draft, slow, n_prompt)
+    assert got.gate.n_generated == got.n_chunks * (n_ctx - n_prompt)
     for key in ("n_steps", "n_drafted", "n_accept", "draft_length_hist", "accept_length_hist",
                 "drafted_by_position", "accepted_by_position"):
         assert getattr(got, key) == want[key], key
@@ -166,6 +170,10 @@ def test_replay_gate_errors():
         replay_drafter(tokens, copy, 200, 4, gate={"min_gain": 0.1})
     with pytest.raises(ValueError, match="costs"):
         replay_drafter(tokens, copy, 200, 4, gate=GateSettings(), costs=[1.0, -2.0])
+    with pytest.raises(ValueError, match="n_prompt applies to a gated replay"):
+        replay_drafter(tokens, copy, 200, 4, n_prompt=5)
+    with pytest.raises(ValueError, match="n_prompt must be 1 to 199"):
+        replay_drafter(tokens, copy, 200, 4, gate=GateSettings(), n_prompt=200)
 
 
 @pytest.fixture(scope="module")

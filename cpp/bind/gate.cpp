@@ -53,18 +53,19 @@ void register_gate(py::module_& m) {
 
     m.def(
         "replay_gated_drafter",
-        [](CompiledDrafter& d, const Tokens& tokens, size_t n_ctx, size_t n_draft, Gate& gate, size_t default_source,
-           const Progress& progress) {
+        [](CompiledDrafter& d, const Tokens& tokens, size_t n_ctx, size_t n_draft, size_t n_prompt, Gate& gate,
+           size_t default_source, const Progress& progress) {
             GatedSteps steps(gate, default_source);
             ReplayOptions opt;
             opt.n_ctx = n_ctx;
             opt.n_draft = n_draft;
+            opt.n_prompt = n_prompt;
             opt.gate = &steps;
             pyt::Tuple<DrafterReplayResult, py::int_, py::int_> out =
                 py::make_tuple(d.replay(tokens, opt, progress), steps.offered, steps.declined);
             return out;
         },
-        "drafter"_a, "tokens"_a, "n_ctx"_a, "n_draft"_a, "gate"_a, "default_source"_a, "progress"_a.none(true),
+        "drafter"_a, "tokens"_a, "n_ctx"_a, "n_draft"_a, "n_prompt"_a, "gate"_a, "default_source"_a, "progress"_a.none(true),
         "replay_drafter with the gate deciding how many of each proposal are verified: (counts, proposals "
         "offered, proposals declined). The gate goes on learning; no other thread may use it meanwhile.");
 }

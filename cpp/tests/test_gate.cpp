@@ -248,4 +248,26 @@ TEST(the_gated_replay_counts_what_the_gate_let_through) {
     CHECK(dear.probability(s, 0) > 0.6);
 }
 
+TEST(each_chunk_may_start_from_a_prompt) {
+    std::vector<token_t> text;
+    for (int i = 0; i < 64; ++i) text.push_back(i % 7);  // each chunk starts alike: the drafter reads `text` from 0
+    Prophet d{&text};
+    d.every = 1000;
+    Gate g = flat_gate({1.0, 1.0, 1.0, 1.0}, std::nullopt, 0.0);
+    GatedSteps steps(g, 1);
+    ReplayOptions opt = replay_options(21, 3);
+    opt.n_prompt = 12;
+    opt.gate = &steps;
+    const auto r = replay_drafter(d, text.data(), text.size(), opt);
+    // three chunks of 21 tokens, each with 9 tokens after its prompt: steps of 3 + 1, 3 + 1,
+    // then the chunk's last token, drafted
+    CHECK_EQ(r.n_chunks, int64_t(3));
+    CHECK_EQ(r.n_steps, int64_t(3 * 3));
+    CHECK_EQ(r.n_accept, int64_t(3 * 7));
+    opt.n_prompt = 21;
+    CHECK_THROWS_AS(replay_drafter(d, text.data(), text.size(), opt), InputError, "n_prompt");
+    opt.n_prompt = 0;
+    CHECK_THROWS_AS(replay_drafter(d, text.data(), text.size(), opt), InputError, "n_prompt");
+}
+
 CHECK_MAIN()

@@ -300,7 +300,7 @@ class Gate:
     @property
     def n_states(self) -> int: ...
 
-def replay_gated_drafter(drafter: CompiledDrafter, tokens: Tokens, n_ctx: int, n_draft: int, gate: Gate, default_source: int, progress: collections.abc.Callable[[int, int], None] | None) -> tuple[DrafterReplayResult, int, int]:
+def replay_gated_drafter(drafter: CompiledDrafter, tokens: Tokens, n_ctx: int, n_draft: int, n_prompt: int, gate: Gate, default_source: int, progress: collections.abc.Callable[[int, int], None] | None) -> tuple[DrafterReplayResult, int, int]:
     """replay_drafter with the gate deciding how many of each proposal are verified: (counts, proposals offered, proposals declined). The gate goes on learning; no other thread may use it meanwhile."""
 
 def defaults() -> dict[str, dict[str, object]]:

@@ -45,7 +45,7 @@ class GateFigures:
 
     ``costs``: the curve the gate decided on; ``n_offered``: steps whose drafter proposed
     something; ``n_declined``: of those, the steps the gate cut to nothing; ``n_generated``:
-    the tokens the steps produced (every replayed token but each chunk's first);
+    the tokens the steps produced (every replayed token but each chunk's prompt);
     ``modelled_time``: the steps' cost, in one-token steps; ``speedup``: ``n_generated /
     modelled_time``, the speed-up over plain decoding; ``drafting_share``: the share of
     steps that drafted."""
@@ -422,7 +422,8 @@ def replay(tokens, n_ctx: int, n_draft: int, static=None, dynamic=None, update_d
 
 
 def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
-                   progress: Callable[[int, int], object] | None = None, *, gate=None, costs=None) -> ReplayStats:
+                   progress: Callable[[int, int], object] | None = None, *, gate=None, costs=None,
+                   n_prompt: int = 1) -> ReplayStats:
     """Replay ``tokens`` with any drafter: the loop of ``replay`` (chunks of ``n_ctx``,
     each a new request: the drafter is reset with the chunk's first token), proposing up
     to ``n_draft`` tokens per step, accepting the longest prefix that matches the text
@@ -446,8 +447,11 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
     then of the verified tokens, and ``gate`` in the result holds the modelled speed-up
     (:class:`GateFigures`). ``costs``: cost(1), cost(2), ... of verifying 1, 2, ... tokens
     (only ratios matter), extended to ``n_draft + 1``; None: the package's prior curve for
-    llama.cpp (``ngramcache.decoding.priors.cost_prior``). Only a drafter with a compiled
-    core can be replayed with a gate (in C++, with the gate's own core).
+    llama.cpp (``ngramcache.decoding.priors.cost_prior``). ``n_prompt`` (gated replays
+    only): the tokens each chunk starts from, its prompt: the drafter is reset with them
+    and the steps replay the rest (a recorded prompt and its output, one chunk). Only a
+    drafter with a compiled core can be replayed with a gate (in C++, with the gate's own
+    core).
     """
     from ngramcache.decoding.gate import GatedDrafter
     from ngramcache.drafters.base import CoreSequenceDrafter, Drafter
@@ -458,7 +462,9 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
     if not isinstance(drafter, Drafter):
         raise TypeError(f"replay_drafter needs a Drafter (reset, propose, accept, stats), got {type(drafter).__name__}")
     if gate is not None or costs is not None:
-        return _replay_gated(arr, drafter, n_ctx, n_draft, progress, gate, costs)
+        return _replay_gated(arr, drafter, n_ctx, n_draft, progress, gate, costs, n_prompt)
+    if n_prompt != 1:
+        raise ValueError("n_prompt applies to a gated replay: give gate too (a GateSettings or a Gate)")
     if isinstance(drafter, CoreSequenceDrafter):
         core = drafter._impl
         drafter.reset([])  # the drafter's own buffer would no longer describe its core after the replay
@@ -473,7 +479,8 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
                        peak_rss_bytes=peak_rss_bytes(), **fields)
 
 
-def _replay_gated(arr: np.ndarray, drafter, n_ctx: int, n_draft: int, progress, gate, costs) -> ReplayStats:
+def _replay_gated(arr: np.ndarray, drafter, n_ctx: int, n_draft: int, progress, gate, costs,
+                  n_prompt: int) -> ReplayStats:
     """replay_drafter with a gate (its docstring): the compiled replay with the gate's core."""
     from ngramcache.decoding.costs import check_costs, extend_costs
     from ngramcache.decoding.gate import Gate, GateSettings
@@ -482,6 +489,7 @@ def _replay_gated(arr: np.ndarray, drafter, n_ctx: int, n_draft: int, progress, 
 
     if gate is None:
         raise ValueError("costs applies to a gated replay: give gate too (a GateSettings or a Gate)")
+    n_prompt = check_int("n_prompt", n_prompt, 1, n_ctx - 1)
     if isinstance(gate, GateSettings):
         curve = cost_prior("llama.cpp", None) if costs is None else [float(c) for c in check_costs(costs)]
         gate = Gate(extend_costs(curve, n_draft + 1), gate)
@@ -495,10 +503,10 @@ def _replay_gated(arr: np.ndarray, drafter, n_ctx: int, n_draft: int, progress, 
     core = drafter._impl
     drafter.reset([])  # the drafter's own buffer would no longer describe its core after the replay
     curve = list(gate.curve())
-    r, offered, declined = _core.replay_gated_drafter(core, arr, n_ctx, n_draft, gate._core, int(drafter._SOURCE),
-                                                      progress)
+    r, offered, declined = _core.replay_gated_drafter(core, arr, n_ctx, n_draft, n_prompt, gate._core,
+                                                      int(drafter._SOURCE), progress)
     fields = {f: getattr(r, f) for f in _DRAFTER_FIELDS}
-    n_generated = fields["n_chunks"] * (n_ctx - 1)
+    n_generated = fields["n_chunks"] * (n_ctx - n_prompt)
     hist = fields["draft_length_hist"]
     modelled = 0.0
     for k, n in enumerate(hist):  # the steps' cost, shortest drafts first

@@ -7,8 +7,9 @@
 //
 // The text is cut into chunks of n_ctx tokens as replay.hpp cuts it (a chunk is replayed
 // only when a token follows it). Each chunk is one request: the drafter is reset with the
-// chunk's first token; every step proposes up to n_draft tokens, accepts the longest prefix
-// that matches the text, then the next text token (the one the model would have sampled),
+// chunk's first token (its first ReplayOptions::n_prompt tokens); every step proposes up
+// to n_draft tokens, accepts the longest prefix that matches the text, then the next text
+// token (the one the model would have sampled),
 // and hands the drafter those tokens in one accept call, as a speculative loop does. What a
 // drafter keeps across reset (a shared table, a store of earlier requests) carries from one
 // chunk to the next, as the dynamic cache does in llama-lookup-stats. t_draft_ns times the
@@ -68,7 +69,10 @@ DrafterReplayResult replay_drafter(Drafter& d, const token_t* inp, size_t n_inpu
                                    const ReplayProgress& progress = nullptr) {
     using clock = std::chrono::steady_clock;
     DrafterReplayResult r = detail::start_replay<DrafterReplayResult>(n_input, opt);
-    const size_t n_ctx = opt.n_ctx, n_draft = opt.n_draft;
+    const size_t n_ctx = opt.n_ctx, n_draft = opt.n_draft, n_prompt = opt.n_prompt;
+    if (n_prompt < 1 || n_prompt >= n_ctx)
+        throw InputError("n_prompt must be 1 to n_ctx - 1 = " + std::to_string(n_ctx - 1) + ", got " +
+                         std::to_string(n_prompt));
 
     const size_t n_chunks = n_input > n_ctx ? (n_input - 1) / n_ctx : 0;
     const int64_t total = static_cast<int64_t>(n_chunks * n_ctx);
@@ -80,10 +84,10 @@ DrafterReplayResult replay_drafter(Drafter& d, const token_t* inp, size_t n_inpu
         const token_t* slice = inp + c * n_ctx;
         const int64_t done_before = static_cast<int64_t>(c * n_ctx);
         auto t0 = clock::now();
-        d.reset(slice, 1);
-        if (opt.gate) opt.gate->reset(1);
+        d.reset(slice, n_prompt);
+        if (opt.gate) opt.gate->reset(n_prompt);
         r.t_draft_ns += detail::elapsed_ns(t0);
-        size_t have = 1;  // tokens of the chunk the drafter has seen
+        size_t have = n_prompt;  // tokens of the chunk the drafter has seen
         while (have < n_ctx) {
             t0 = clock::now();
             // a drafter may return more than asked; only n_draft are verified

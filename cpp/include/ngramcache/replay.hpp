@@ -43,6 +43,9 @@ struct ReplayOptions {
     // replay_drafter() only: a gate that decides how many of each proposal are verified
     // (gate.hpp); null: all of it.
     GatedSteps* gate = nullptr;
+    // replay_drafter() only: the tokens each chunk starts from (its prompt: the drafter is
+    // reset with them, and the steps replay the rest), 1 to n_ctx - 1.
+    size_t n_prompt = 1;
 };
 
 // What every replay loop counts: replay() here and replay_drafter() in drafter_replay.hpp.
