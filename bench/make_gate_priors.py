@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 import gate_sim  # noqa: E402
-from ngramcache.decoding.gate import Gate, GateSettings, Priors, gated_drafter  # noqa: E402
+from ngramcache.decoding.gate import Gate, GateSettings, Priors  # noqa: E402
 from ngramcache.decoding.priors import LENGTH_BUCKETS, N_STATES  # noqa: E402
 from ngramcache.drafters.base import Source  # noqa: E402
 
@@ -59,14 +59,15 @@ def write(data: dict, out: str) -> None:
 
 
 def tally(models: list[str], in_dir: Path, drafters: list[str], n_draft: int) -> Gate:
-    """One gate that saw every drafter's proposals on every record, declining them all."""
+    """One gate that saw every drafter's proposals on every record, declining them all (the
+    gated replay of each record, gate_sim.replay_record)."""
     flat = [1.0] * (n_draft + 1)
     gate = Gate(flat, GateSettings(priors=Priors.FLAT, decay=1.0, min_gain=1e9, learn_costs=False))
     for dname in drafters:
         for name in models:
             data = json.loads((in_dir / f"{name}.json").read_text())
             for rec in data["records"]:
-                gate_sim._run(rec, data["n_vocab"], flat, gated_drafter(flat, dname, n_draft, gate=gate), 0.0)
+                gate_sim.replay_record(rec, dname, n_draft, gate)
     return gate
 
 

@@ -1,66 +1,44 @@
-"""The gate replay's ceilings, on token streams small enough to check by hand."""
+"""gate_sim's replay of a recorded prompt and output, on records small enough to check by hand."""
 
 from __future__ import annotations
 
-import numpy as np
+import json
 
 import gate_sim
+from ngramcache.decoding.gate import Gate, GateSettings, Priors
 
-COSTS = [1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4, 2.6]  # cheap batches: any right token pays
-
-
-def _bytes(tokens) -> bytes:
-    return np.asarray(tokens, dtype=np.int32).tobytes()
+CHEAP = [1.0, 1.0, 1.0, 1.0, 1.0]  # every right token pays
 
 
-def test_a_span_occurs_only_at_a_whole_token():
-    text = _bytes([0x0100, 0])  # bytes 00 01 00 00 00 00 00 00
-    assert gate_sim._occurs(text, _bytes([0]))
-    # the bytes of token 1 stand across the two tokens, not as a token of the text
-    assert b"\x01\x00\x00\x00" in text and not gate_sim._occurs(text, _bytes([1]))
+def record(prompt, output):
+    return {"workload": "w", "prompt": list(prompt), "output": list(output)}
 
 
-def test_the_copyable_prefix_is_the_longest_that_stands_in_the_text_seen():
-    prompt = [5, 6, 7, 8, 9, 1, 2]
-    truth = np.array([7, 8, 9, 4, 7], dtype=np.int32)  # 7 8 9 stand in the prompt, 7 8 9 4 does not
-    assert gate_sim.copyable_lengths(prompt, truth, n_draft=8) == [3, 2, 1, 0, 1]
-    assert gate_sim.copyable_lengths(prompt, truth, n_draft=2) == [2, 2, 1, 0, 1]  # at most n_draft
-    # 4 was never seen before it was written; once written, the 7 after it is a copy again
+def test_a_record_replays_its_output_from_its_prompt():
+    phrase = list(range(10, 30))
+    rec = record(phrase, [10] + phrase[1:] + [7])  # the output copies the prompt, then a new token
+    s = gate_sim.replay_record(rec, "copy", 4, GateSettings(priors=Priors.FLAT, min_gain=0.0, risk=None), CHEAP)
+    # the first output token comes with the prompt pass: the steps give the other 20
+    assert s.gate.n_generated == 20 and s.n_chunks == 1
+    assert s.n_accept > 10 and s.gate.speedup > 2.0  # copies of 4 right tokens, each step for one token's cost
+    assert gate_sim.replay_record(record(phrase, [1]), "copy", 4, GateSettings(), CHEAP) is None
 
 
-def test_the_any_copy_ceiling_is_the_best_plan_of_copies():
-    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    truth = np.array([0, 2, 3, 4, 5, 6, 7, 8, 9], dtype=np.int32)  # then a copy of 8 tokens
-    speedup, drafted = gate_sim.any_copy_ceiling(prompt, truth, COSTS, n_draft=8)
-    # token 0 comes with the prompt; one step drafts 2..9 (7 tokens: the 8th would pass the end)
-    assert drafted == 7 and speedup == 8 / COSTS[7]
+def test_a_shared_gate_learns_from_every_record_while_declining():
+    gate = Gate([1.0] * 5, GateSettings(priors=Priors.FLAT, decay=1.0, min_gain=1e9, learn_costs=False))
+    phrase = list(range(10, 30))
+    for _ in range(2):
+        s = gate_sim.replay_record(record(phrase, phrase), "copy", 4, gate)
+        assert s.n_drafted == 0 and s.gate.n_offered > 0
+    hits, trials = (sum(x) for x in zip(*(gate.tallies(st) for st in range(36))))
+    assert trials.sum() > 0 and hits.sum() > 0
 
 
-def test_nothing_is_drafted_where_the_copy_does_not_pay():
-    steep = [1.0, 2.5, 3.5]  # one drafted token costs more than the two tokens it can give
-    truth = np.array([3, 3, 3, 3], dtype=np.int32)
-    assert gate_sim.copyable_lengths([3, 3], truth, n_draft=8)[1] == 3  # copies there are, all right
-    assert gate_sim.any_copy_ceiling([3, 3], truth, steep, n_draft=8) == (1.0, 0)
-
-
-def test_the_gate_is_told_the_modelled_time_of_each_verification():
-    class Recorder:
-        stats = None
-
-        def __init__(self):
-            self.seen = []
-
-        def verified(self, n_tokens, seconds):
-            self.seen.append((n_tokens, seconds))
-
-    rec = Recorder()
-    exact = gate_sim.ModelledClock(rec, COSTS, noise=0.0)
-    exact.verified(3, 1e-6)  # the replay's own microseconds are not what the gate hears
-    exact.verified(40, 1e-6)  # beyond the curve: its last cost
-    assert rec.seen == [(3, 1.4), (40, 2.6)]
-    noisy = gate_sim.ModelledClock(rec, COSTS, noise=0.2, seed=1)
-    times = []
-    for _ in range(200):
-        noisy.verified(5, 0.0)
-        times.append(rec.seen[-1][1])
-    assert 1.6 < float(np.median(times)) < 2.0 and np.std(np.log(times)) > 0.1
+def test_simulate_prints_each_drafters_cells(tmp_path, capsys):
+    phrase = list(range(10, 30))
+    data = {"model": "m", "n_vocab": 100, "records": [record(phrase, phrase), record(phrase, [5, 6, 7, 8])]}
+    (tmp_path / "m.json").write_text(json.dumps(data))
+    table = gate_sim.simulate(["m"], tmp_path, {"m": [1.0, 1.3, 1.6]}, ["copy", "suffix"], 8, GateSettings())
+    gate_sim.print_table(table, ["copy", "suffix"], summary=False)
+    out = capsys.readouterr().out
+    assert "| w | " in out and "m: copy worst" in out and "m: suffix worst" in out
