@@ -43,9 +43,9 @@ class ReferenceCopyDrafter(LookupDrafter):
 
     def _index_new(self) -> None:
         # every position i (the end of a min_match-gram) that has a successor
-        seq = self._buf.view()
+        seq = self.tokens
         m = self.min_match
-        end = self._buf.n - 1  # the newest token has no successor yet
+        end = seq.size - 1  # the newest token has no successor yet
         i = max(self._indexed, m - 1)
         if i < end:
             toks = seq[max(0, i - m + 1) : end].tolist()
@@ -60,8 +60,8 @@ class ReferenceCopyDrafter(LookupDrafter):
         return p
 
     def _copy_or_lookup(self, n: int) -> Proposal:
-        seq = self._buf.view()
-        last = self._buf.n - 1
+        seq = self.tokens
+        last = seq.size - 1
         m = self.min_match
         if last + 1 >= m:
             lst = self._index.get(tuple(seq[last - m + 1 : last + 1].tolist()))

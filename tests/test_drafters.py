@@ -177,6 +177,72 @@ def test_one_bound_on_n_draft_for_drafting_and_every_drafter():
         OracleDrafter([1, 2], n_draft=MAX_DRAFT + 1)
 
 
+# --- the sequence a drafter holds ------------------------------------------------------
+
+def _follow(d, text, rng, prompts=(0, 1, 300), until=2600):
+    """Feeds ``d`` random batches of ``text`` after each prompt length, checking ``tokens``
+    against the tokens fed; returns some of the views taken, each with what it showed."""
+    kept = []
+    for n_prompt in prompts:
+        d.reset(text[:n_prompt])
+        fed = text[:n_prompt].tolist()
+        assert d.tokens.tolist() == fed
+        have, step = n_prompt, 0
+        while have < until:  # far past any first capacity: the sequence grows many times
+            d.propose()
+            k = int(rng.integers(1, 10))
+            d.accept(text[have : have + k])
+            fed += text[have : have + k].tolist()
+            have += k
+            step += 1
+            if step % 37 == 0:
+                view = d.tokens
+                assert view.tolist() == fed
+                kept.append((view, list(fed)))
+        assert d.tokens.tolist() == fed
+    return kept
+
+
+@pytest.mark.parametrize("name", [s.name for s in nc.drafters.registry.specs()])
+def test_tokens_is_the_sequence_in_place_and_keeps_what_it_showed(name):
+    # every registered drafter: tokens equals the tokens fed through reset and accept, and a
+    # view taken earlier still shows what it showed after later accepts (growth included)
+    # and resets; a compiled drafter's view is its own buffer read in place (no copy): two
+    # reads share memory, and the view neither owns it nor lets it be written
+    rng = np.random.default_rng(7)
+    text = rng.integers(0, 30, 3000).astype(np.int32)
+    d = nc.drafters.registry.make_drafter(name, n_draft=8)
+    for view, showed in _follow(d, text, rng):
+        assert view.tolist() == showed
+    a, b = d.tokens, d.tokens
+    assert np.shares_memory(a, b)
+    with pytest.raises(ValueError, match="read-only"):
+        a[0] = 1
+    if isinstance(d, nc.drafters.CoreSequenceDrafter):
+        assert not a.flags.owndata and not isinstance(a.base, np.ndarray)
+        with pytest.raises(ValueError):
+            a.flags.writeable = True
+        del d  # the view keeps the memory it shows
+        assert a.size >= 2600 and a.tolist() == b.tolist() == text[: a.size].tolist()
+
+
+def test_a_python_drafter_keeps_what_its_views_showed():
+    rng = np.random.default_rng(8)
+    text = rng.integers(0, 30, 3000).astype(np.int32)
+    for view, showed in _follow(OracleDrafter(text[300:]), text, rng):
+        assert view.tolist() == showed
+        assert not view.flags.writeable
+
+
+def test_an_empty_sequence_reads_as_an_empty_array():
+    for d in (LookupDrafter(), nc.drafters.registry.make_drafter("simple"), OracleDrafter([1])):
+        assert d.tokens.size == 0 and d.tokens.dtype == np.int32
+        d.reset([])
+        assert d.tokens.size == 0
+        d.accept([4, 5])
+        assert d.tokens.tolist() == [4, 5]
+
+
 # --- OracleDrafter ---------------------------------------------------------------------
 
 def test_oracle():

@@ -5,9 +5,10 @@ with every batch of verified tokens) and proposes continuations (``propose``). I
 never sees rejected tokens, so it never has to forget anything.
 
 Here: the ``Drafter`` protocol, its ``DraftStats``, ``SequenceDrafter`` (the bookkeeping
-every drafter shares, with three hooks for a drafter written in Python) and
-``CoreSequenceDrafter``, the base of every drafter whose matching runs in the compiled core
-(its handle is ``_impl``, as for ``NgramCache`` and ``StaticTable``). The drafters
+every drafter shares, with three hooks for a drafter written in Python, whose sequence it
+keeps) and ``CoreSequenceDrafter``, the base of every drafter whose matching runs in the
+compiled core (its handle is ``_impl``, as for ``NgramCache`` and ``StaticTable``), which
+holds the sequence itself. The drafters
 themselves are in the sibling modules; ``ngramcache.drafters.registry`` names them.
 
 A drafter is a leaf: it proposes, and says how sure it is and where the proposal came from
@@ -97,13 +98,12 @@ class Drafter(Protocol):
 
 
 class _TokenBuffer:
-    """A growing int32 sequence; appends are amortised O(new tokens)."""
+    """A growing int32 sequence; appends are amortised O(new tokens). The sequence of a
+    drafter written in Python (a compiled drafter holds its own). Tokens once written are
+    never written again (appends go past them, growth copies), so a view never changes."""
 
     def __init__(self, capacity: int = 1024):
         self._data = np.empty(max(16, capacity), dtype=np.int32)
-        self.n = 0
-
-    def clear(self) -> None:
         self.n = 0
 
     def extend(self, toks: np.ndarray) -> None:
@@ -130,10 +130,12 @@ class SequenceDrafter:
     """The bookkeeping every sequence-following drafter shares: the verified tokens and
     the counters.
 
-    A subclass provides three hooks: ``_reset_index()`` (the buffer was refilled from
+    A subclass provides three hooks: ``_reset_index()`` (the sequence was refilled from
     scratch), ``_appended(n_new)`` (``n_new`` verified tokens were appended) and
     ``_candidates(n) -> Proposal``: up to ``n`` proposed tokens with their confidence and
-    source. :meth:`proposal` is that step as the gate sees it (no counters touched);
+    source. The sequence is ``tokens``; ``_restart`` and ``_extend`` keep it and call the
+    first two hooks (in a Python buffer here; ``CoreSequenceDrafter`` hands it to the core
+    instead). :meth:`proposal` is that step as the gate sees it (no counters touched);
     :meth:`propose` hands the whole proposal to the verifier and counts it.
 
     ``OPTIONS`` (``Option`` objects) are the constructor's own settings and ``ORDERED`` the
@@ -146,7 +148,7 @@ class SequenceDrafter:
 
     def __init__(self, n_draft: int):
         self.n_draft = check_n_draft(n_draft)
-        self._buf = _TokenBuffer()
+        self._buf = self._new_buffer(0)
         self._stats = DraftStats()
         self._last = _EMPTY  # the proposal awaiting verification
 
@@ -161,18 +163,33 @@ class SequenceDrafter:
 
     @property
     def tokens(self) -> np.ndarray:
-        """The verified sequence so far (a read-only view)."""
+        """The verified sequence so far, without a copy: a read-only view that stays valid
+        and unchanged after later ``accept`` and ``reset`` calls (they write elsewhere)."""
         v = self._buf.view()
         v.flags.writeable = False
         return v
 
+    @staticmethod
+    def _new_buffer(capacity: int) -> _TokenBuffer | None:
+        """The sequence's buffer, room for ``capacity`` tokens and more (None where the
+        compiled core holds the sequence)."""
+        return _TokenBuffer(capacity + 1024)
+
+    def _restart(self, prompt: np.ndarray) -> None:
+        """The sequence becomes ``prompt`` (in a new buffer: views of the old one keep it)."""
+        self._buf = self._new_buffer(prompt.size)
+        self._buf.extend(prompt)
+        self._reset_index()
+
+    def _extend(self, new: np.ndarray) -> None:
+        """``new`` (not empty) joins the sequence."""
+        self._buf.extend(new)
+        self._appended(int(new.size))
+
     def reset(self, prompt_tokens) -> None:
         """Start a new sequence from ``prompt_tokens``."""
         t0 = time.perf_counter()
-        arr = as_tokens(prompt_tokens, "prompt_tokens")
-        self._buf.clear()
-        self._buf.extend(arr)
-        self._reset_index()
+        self._restart(as_tokens(prompt_tokens, "prompt_tokens"))
         self._stats = DraftStats(draft_seconds=time.perf_counter() - t0)
         self._last = _EMPTY
 
@@ -203,16 +220,15 @@ class SequenceDrafter:
         new = as_tokens(tokens)
         if new.size:
             self._stats.accepted += accepted_prefix(self._last, new)
-            self._buf.extend(new)
-            self._appended(int(new.size))
+            self._extend(new)
         self._last = _EMPTY
         self._stats.draft_seconds += time.perf_counter() - t0
 
     def _reset_index(self) -> None:
-        """Hook: the buffer was refilled from scratch."""
+        """Hook: the sequence was refilled from scratch."""
 
     def _appended(self, n_new: int) -> None:
-        """Hook: ``n_new`` tokens were appended to the buffer."""
+        """Hook: ``n_new`` tokens were appended to the sequence."""
 
     def _candidates(self, n: int) -> Proposal:
         """Hook: up to ``n`` proposed tokens, their confidence and source."""
@@ -220,21 +236,35 @@ class SequenceDrafter:
 
 
 class CoreSequenceDrafter(SequenceDrafter):
-    """A ``SequenceDrafter`` whose index and matching live in the compiled core: ``_impl``,
-    an object of the core's sequence protocol (``reset``, ``accept``, ``step``) that sees
-    the same verified tokens. ``step(n)`` is one call per step: the proposal, its confidence
-    and its source (-1 where the drafter has one source only: the class's ``_SOURCE``).
-    A subclass sets ``self._impl`` in its constructor.
+    """A ``SequenceDrafter`` whose sequence, index and matching live in the compiled core:
+    ``_impl``, an object of the core's sequence protocol (``reset``, ``accept``, ``step``,
+    ``tokens``). Each ``reset`` and ``accept`` is one call into it, and so is each step:
+    ``step(n)`` returns the proposal, its confidence and its source (-1 where the drafter has
+    one source only: the class's ``_SOURCE``). The sequence is held there alone; ``tokens``
+    reads it in place. A subclass sets ``self._impl`` in its constructor.
     ``ngramcache.replays.replay_drafter`` replays such a drafter entirely in C++."""
 
     _SOURCE = Source.COPY
     _impl = None
 
-    def _reset_index(self) -> None:
-        self._impl.reset(self._buf.view())
+    @property
+    def tokens(self) -> np.ndarray:
+        """The verified sequence so far, read in place from the core without a copy: a
+        read-only array that keeps the memory it shows, so it stays valid and unchanged after
+        later ``accept`` and ``reset`` calls (the core then writes elsewhere)."""
+        return self._impl.tokens
 
-    def _appended(self, n_new: int) -> None:
-        self._impl.accept(self._buf.view()[self._buf.n - n_new :])
+    @staticmethod
+    def _new_buffer(capacity: int) -> None:
+        return None
+
+    def _restart(self, prompt: np.ndarray) -> None:
+        self._impl.reset(prompt)
+        self._reset_index()
+
+    def _extend(self, new: np.ndarray) -> None:
+        self._impl.accept(new)
+        self._appended(int(new.size))
 
     def _candidates(self, n: int) -> Proposal:
         tokens, confidence, source = self._impl.step(n)
@@ -242,4 +272,4 @@ class CoreSequenceDrafter(SequenceDrafter):
 
     def __repr__(self) -> str:
         settings = "".join(f" {o.name}={getattr(self, o.name)!r}" for o in self.OPTIONS)
-        return f"<{type(self).__name__} n_draft={self.n_draft}{settings}, {self._buf.n} tokens>"
+        return f"<{type(self).__name__} n_draft={self.n_draft}{settings}, {self.tokens.size} tokens>"

@@ -79,7 +79,7 @@ class LookupCaches:
             parts.append("dynamic")
         if self.static is not None:
             parts.append("static")
-        return f"<{type(self).__name__} {' '.join(parts)}, {self._buf.n} tokens>"
+        return f"<{type(self).__name__} {' '.join(parts)}, {self.tokens.size} tokens>"
 
 
 class LookupDrafter(LookupCaches, CoreSequenceDrafter):

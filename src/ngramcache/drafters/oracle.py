@@ -27,20 +27,21 @@ class OracleDrafter(SequenceDrafter):
         super().reset(prompt_tokens)
 
     def _reset_index(self) -> None:
-        self._n_prompt = self._buf.n
+        self._n_prompt = self.tokens.size
         self._departed = False
 
     def _appended(self, n_new: int) -> None:
         if self._departed:
             return
-        start = self._buf.n - n_new - self._n_prompt
-        new = self._buf.view()[self._buf.n - n_new :]
+        seq = self.tokens
+        start = seq.size - n_new - self._n_prompt
+        new = seq[seq.size - n_new :]
         self._departed = not np.array_equal(new, self.continuation[start : start + n_new])
 
     def _candidates(self, n: int) -> Proposal:
         if self._departed:
             return Proposal(np.zeros(0, dtype=np.int32), 0, Source.LOOKUP)
-        start = self._buf.n - self._n_prompt
+        start = self.tokens.size - self._n_prompt
         out = self.continuation[start : start + n]
         return Proposal(out, int(out.size), Source.LOOKUP)
 

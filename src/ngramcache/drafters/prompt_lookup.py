@@ -47,4 +47,4 @@ class PromptLookupDrafter(CoreSequenceDrafter):
 
     def __repr__(self) -> str:
         return (f"<PromptLookupDrafter max_ngram={self.max_ngram} min_ngram={self.min_ngram} "
-                f"match={self.match!r} n_draft={self.n_draft}, {self._buf.n} tokens>")
+                f"match={self.match!r} n_draft={self.n_draft}, {self.tokens.size} tokens>")

@@ -184,5 +184,5 @@ class SuffixDrafter(CoreSequenceDrafter):
     def __repr__(self) -> str:
         extra = ", store" if self.store is not None else ""
         return (f"<SuffixDrafter n_draft={self.n_draft} max_depth={self.max_depth} alpha={self.alpha} "
-                f"min_prob={self.min_prob}{extra}, {self._buf.n} tokens>")
+                f"min_prob={self.min_prob}{extra}, {self.tokens.size} tokens>")
 
