@@ -451,7 +451,7 @@ def replay_drafter(tokens, drafter, n_ctx: int, n_draft: int,
     only): the tokens each chunk starts from, its prompt: the drafter is reset with them
     and the steps replay the rest (a recorded prompt and its output, one chunk). Only a
     drafter with a compiled core can be replayed with a gate (in C++, with the gate's own
-    core).
+    core, without the GIL: no other thread may use that gate meanwhile).
     """
     from ngramcache.decoding.gate import GatedDrafter
     from ngramcache.drafters.base import CoreSequenceDrafter, Drafter
