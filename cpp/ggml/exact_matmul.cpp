@@ -1,0 +1,374 @@
+// Exact batched matrix products for llama.cpp's CPU backend, as a ggml "ACCEL" backend.
+//
+// Why: on the exact build (no llamafile kernels, no repacking), every row of a verified draft
+// is computed by ggml's one-token dot product, one weight row and one token at a time. Each
+// weight block is decoded again for every token of the batch, so verifying 8 drafted tokens
+// costs nearly 8 single-token products. Here each weight block is decoded once and multiplied
+// with up to four tokens, while each token's sum runs through exactly the operations of
+// ggml's one-token kernel, in the same order: the same integer dot per 32-weight block
+// (exact), the same float scale, the same fused multiply-add into eight lanes, the same
+// horizontal sum. A batch's rows are therefore bit for bit the rows a single token gets, and
+// tests/test_exact_matmul.py compares them with ggml's own kernel.
+//
+// How it joins llama.cpp: ggml's scheduler offers each matrix product to the registered
+// backends in order (GPUs, then accelerators, then the CPU) and takes the first that accepts
+// the weights' buffer and the operation. This backend accepts host buffers and products of
+// Q8_0, Q5_0 and Q4_0 weights by two or more F32 tokens; everything else, single tokens
+// included, stays with ggml's CPU backend.
+#include <pybind11/pybind11.h>
+
+#include <immintrin.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "ggml_abi.hpp"
+
+namespace py = pybind11;
+using namespace ggml_abi;
+
+namespace {
+
+api g_api;
+std::atomic<int> g_threads{1};
+std::atomic<int64_t> g_products{0};  // products computed here (tests read it)
+std::atomic<int64_t> g_min_batch{2};
+bool g_cpu_ok = false;
+
+constexpr int QK = 32;
+constexpr size_t kQ8Block = 34;  // fp16 scale + 32 int8
+
+size_t block_bytes(int32_t t) {
+  switch (t) {
+    case TYPE_Q8_0: return 34;
+    case TYPE_Q5_0: return 22;
+    case TYPE_Q4_0: return 18;
+    default: return 0;
+  }
+}
+
+#define EXACT_TARGET __attribute__((target("avx2,fma,f16c")))
+
+EXACT_TARGET inline float half_to_float(const uint8_t *p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// The 32 weights of a block as signed bytes, in element order (bytes 0-15: elements 0-15).
+template <int32_t T>
+EXACT_TARGET inline __m256i decode(const uint8_t *blk) {
+  if constexpr (T == TYPE_Q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 2));
+  } else {
+    const uint8_t *qs = blk + (T == TYPE_Q5_0 ? 6 : 2);
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
+    const __m128i lo_mask = _mm_set1_epi8(0x0F);
+    const __m256i nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), lo_mask),
+                                             _mm_and_si128(packed, lo_mask));
+    if constexpr (T == TYPE_Q4_0) {
+      return _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
+    } else {
+      // fifth bit: element j's weight is its nibble if bit j of qh is set, else nibble - 16
+      uint32_t qh;
+      std::memcpy(&qh, blk + 2, 4);
+      const __m256i spread = _mm256_shuffle_epi8(
+          _mm256_set1_epi32(static_cast<int32_t>(qh)),
+          _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+      const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+      return _mm256_or_si256(nibbles, _mm256_andnot_si256(set, _mm256_set1_epi8(static_cast<char>(0xF0))));
+    }
+  }
+}
+
+EXACT_TARGET inline float hsum8(__m256 x) {
+  __m128 r = _mm256_extractf128_ps(x, 1);
+  r = _mm_add_ps(r, _mm256_castps256_ps128(x));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+// One weight row times NC quantized tokens; out[c * out_stride] gets token c's sum.
+template <int32_t T, int NC>
+EXACT_TARGET void row_times_tokens(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out,
+                                   size_t out_stride) {
+  const size_t wb = T == TYPE_Q8_0 ? 34 : (T == TYPE_Q5_0 ? 22 : 18);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
+  for (int ib = 0; ib < nblocks; ++ib) {
+    const uint8_t *blk = w + ib * wb;
+    const float wd = half_to_float(blk);
+    const __m256i qx = decode<T>(blk);
+    const __m256i ax = _mm256_sign_epi8(qx, qx);
+    for (int c = 0; c < NC; ++c) {
+      const uint8_t *yb = y[c] + ib * kQ8Block;
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(yb + 2));
+      const __m256i sy = _mm256_sign_epi8(qy, qx);
+      const __m256i pairs = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, sy));
+      const __m256 q = _mm256_cvtepi32_ps(pairs);
+      const __m256 d = _mm256_set1_ps(wd * half_to_float(yb));
+      acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
+    }
+  }
+  for (int c = 0; c < NC; ++c) out[c * out_stride] = hsum8(acc[c]);
+}
+
+template <int32_t T>
+void rows_times_tokens(const uint8_t *w, size_t w_stride, int64_t row0, int64_t row1, int nblocks,
+                       const uint8_t *const *y, int64_t ntok, float *dst, size_t dst_col_stride) {
+  for (int64_t r = row0; r < row1; ++r) {
+    const uint8_t *wr = w + r * w_stride;
+    int64_t c = 0;
+    for (; c + 4 <= ntok; c += 4) row_times_tokens<T, 4>(wr, nblocks, y + c, dst + c * dst_col_stride + r, dst_col_stride);
+    switch (ntok - c) {
+      case 3: row_times_tokens<T, 3>(wr, nblocks, y + c, dst + c * dst_col_stride + r, dst_col_stride); break;
+      case 2: row_times_tokens<T, 2>(wr, nblocks, y + c, dst + c * dst_col_stride + r, dst_col_stride); break;
+      case 1: row_times_tokens<T, 1>(wr, nblocks, y + c, dst + c * dst_col_stride + r, dst_col_stride); break;
+      default: break;
+    }
+  }
+}
+
+typedef void (*rows_fn)(const uint8_t *, size_t, int64_t, int64_t, int, const uint8_t *const *, int64_t, float *, size_t);
+
+rows_fn rows_for(int32_t t) {
+  switch (t) {
+    case TYPE_Q8_0: return rows_times_tokens<TYPE_Q8_0>;
+    case TYPE_Q5_0: return rows_times_tokens<TYPE_Q5_0>;
+    case TYPE_Q4_0: return rows_times_tokens<TYPE_Q4_0>;
+    default: return nullptr;
+  }
+}
+
+bool is_product_we_take(const tensor *op) {
+  const tensor *w = op->src[0];
+  const tensor *x = op->src[1];
+  if (!w || !x || !g_cpu_ok) return false;
+  const size_t bb = block_bytes(w->type);
+  if (bb == 0 || x->type != TYPE_F32 || op->type != TYPE_F32) return false;
+  if (w->ne[0] % QK != 0 || w->ne[2] != 1 || w->ne[3] != 1) return false;
+  if (w->nb[0] != bb || w->nb[1] != bb * static_cast<size_t>(w->ne[0] / QK)) return false;
+  if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
+  if (op->nb[0] != sizeof(float) || op->ne[0] != w->ne[1] || op->ne[1] != x->ne[1]) return false;
+  return x->ne[1] >= g_min_batch.load(std::memory_order_relaxed);
+}
+
+struct backend_state {
+  std::vector<uint8_t> quantized;  // the tokens in Q8_0, the format ggml's one-token kernel reads
+  std::vector<const uint8_t *> cols;
+};
+
+int32_t mul_mat(backend_state &st, tensor *op) {
+  const tensor *w = op->src[0];
+  const tensor *x = op->src[1];
+  const int64_t k = w->ne[0], m = w->ne[1], n = x->ne[1];
+  const int nblocks = static_cast<int>(k / QK);
+  const size_t qrow = static_cast<size_t>(nblocks) * kQ8Block;
+  st.quantized.resize(qrow * static_cast<size_t>(n));
+  st.cols.resize(static_cast<size_t>(n));
+  const from_float_t quantize = g_api.get_type_traits_cpu(TYPE_Q8_0)->from_float;
+  for (int64_t c = 0; c < n; ++c) {
+    const float *src = reinterpret_cast<const float *>(static_cast<const uint8_t *>(x->data) + c * x->nb[1]);
+    quantize(src, st.quantized.data() + c * qrow, k);
+    st.cols[static_cast<size_t>(c)] = st.quantized.data() + c * qrow;
+  }
+  const rows_fn rows = rows_for(w->type);
+  const uint8_t *wd = static_cast<const uint8_t *>(w->data);
+  float *dst = static_cast<float *>(op->data);
+  const size_t dst_col = op->nb[1] / sizeof(float);
+  const uint8_t *const *cols = st.cols.data();
+  constexpr int64_t kChunk = 32;
+  const int64_t chunks = (m + kChunk - 1) / kChunk;
+  const int threads = g_threads.load(std::memory_order_relaxed);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && chunks > 1)
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    const int64_t r0 = ch * kChunk;
+    const int64_t r1 = r0 + kChunk < m ? r0 + kChunk : m;
+    rows(wd, w->nb[1], r0, r1, nblocks, cols, n, dst, dst_col);
+  }
+  g_products.fetch_add(1, std::memory_order_relaxed);
+  return STATUS_SUCCESS;
+}
+
+// ---- the backend, device and registry objects ggml sees --------------------------------------
+
+guid g_guid = {{0x6e, 0x67, 0x72, 0x61, 0x6d, 0x63, 0x61, 0x63, 0x68, 0x65, 0x2d, 0x65, 0x78, 0x61, 0x63, 0x74}};
+const char *kName = "ngramcache-exact";
+const char *kDescription = "ngramcache: batched matrix products whose rows equal one-token rows";
+
+const char *backend_name(backend *) { return kName; }
+void backend_free(backend *b) {
+  delete static_cast<backend_state *>(b->context);
+  delete b;
+}
+void backend_sync(backend *) {}
+int32_t backend_compute(backend *b, cgraph *g) {
+  auto &st = *static_cast<backend_state *>(b->context);
+  const int n = g_api.graph_n_nodes(g);
+  for (int i = 0; i < n; ++i) {
+    tensor *t = g_api.graph_node(g, i);
+    switch (t->op) {
+      case OP_NONE: case OP_RESHAPE: case OP_VIEW: case OP_PERMUTE: case OP_TRANSPOSE: break;
+      case OP_MUL_MAT: {
+        const int32_t s = mul_mat(st, t);
+        if (s != STATUS_SUCCESS) return s;
+        break;
+      }
+      default: return -1;  // GGML_STATUS_FAILED: the scheduler gave an operation never accepted
+    }
+  }
+  return STATUS_SUCCESS;
+}
+
+device g_device;
+reg g_reg;
+
+backend *dev_init(device *d, const char *) {
+  auto *b = new backend();
+  b->id = &g_guid;
+  b->iface.get_name = backend_name;
+  b->iface.free = backend_free;
+  b->iface.synchronize = backend_sync;
+  b->iface.graph_compute = backend_compute;
+  b->dev = d;
+  b->context = new backend_state();
+  return b;
+}
+const char *dev_name(device *) { return kName; }
+const char *dev_description(device *) { return kDescription; }
+void dev_memory(device *, size_t *free, size_t *total) { *free = 0; *total = 0; }
+int32_t dev_get_type(device *) { return DEV_ACCEL; }
+void dev_props_fn(device *d, dev_props *p) {
+  p->name = kName;
+  p->description = kDescription;
+  dev_memory(d, &p->memory_free, &p->memory_total);
+  p->type = DEV_ACCEL;
+  p->device_id = nullptr;
+  p->caps = dev_caps{false, false, false, false, false};
+}
+buffer_type *dev_buft(device *) { return g_api.cpu_buffer_type(); }
+bool dev_supports_op(device *, const tensor *op) {
+  switch (op->op) {
+    case OP_NONE: case OP_RESHAPE: case OP_VIEW: case OP_PERMUTE: case OP_TRANSPOSE: return true;
+    case OP_MUL_MAT: return is_product_we_take(op);
+    default: return false;
+  }
+}
+bool dev_supports_buft(device *, buffer_type *bt) { return g_api.buft_is_host(bt); }
+
+const char *reg_name(reg *) { return kName; }
+size_t reg_count(reg *) { return 1; }
+device *reg_device(reg *, size_t i) { return i == 0 ? &g_device : nullptr; }
+void *reg_proc(reg *, const char *) { return nullptr; }
+
+std::mutex g_install_lock;
+bool g_registered = false;
+
+template <typename F>
+F fn(py::dict addrs, const char *name) {
+  if (!addrs.contains(name)) throw std::invalid_argument(std::string("missing ggml function ") + name);
+  const auto a = addrs[name].cast<uintptr_t>();
+  if (a == 0) throw std::invalid_argument(std::string("null address for ggml function ") + name);
+  return reinterpret_cast<F>(a);
+}
+
+bool cpu_has_kernels() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_exact_matmul, m) {
+  m.doc() = "Exact batched matrix products for llama.cpp's CPU backend (a ggml accelerator backend).";
+  m.def("cpu_supported", &cpu_has_kernels, "Whether this CPU runs the kernels (AVX2, FMA, F16C).");
+  m.def(
+      "probe_layout",
+      [](uintptr_t t_addr, int32_t type, int64_t ne0, int64_t ne1, const std::string &name, int32_t op,
+         uintptr_t src0, uintptr_t src1) {
+        const auto *t = reinterpret_cast<const tensor *>(t_addr);
+        return t->type == type && t->ne[0] == ne0 && t->ne[1] == ne1 && t->ne[2] == 1 && t->ne[3] == 1 &&
+               std::string(t->name) == name && t->op == op && reinterpret_cast<uintptr_t>(t->src[0]) == src0 &&
+               reinterpret_cast<uintptr_t>(t->src[1]) == src1;
+      },
+      "Whether the ggml tensor at t_addr reads as expected through this module's layout.");
+  m.def(
+      "register_backend",
+      [](py::dict addrs, int threads) {
+        std::lock_guard<std::mutex> lock(g_install_lock);
+        if (threads < 1) throw std::invalid_argument("threads must be at least 1");
+        g_threads.store(threads);
+        if (g_registered) return false;
+        g_api.backend_register = fn<void (*)(reg *)>(addrs, "ggml_backend_register");
+        g_api.cpu_buffer_type = fn<buffer_type *(*)()>(addrs, "ggml_backend_cpu_buffer_type");
+        g_api.buft_is_host = fn<bool (*)(buffer_type *)>(addrs, "ggml_backend_buft_is_host");
+        g_api.graph_n_nodes = fn<int (*)(cgraph *)>(addrs, "ggml_graph_n_nodes");
+        g_api.graph_node = fn<tensor *(*)(cgraph *, int)>(addrs, "ggml_graph_node");
+        g_api.get_type_traits_cpu = fn<const type_traits_cpu *(*)(int32_t)>(addrs, "ggml_get_type_traits_cpu");
+        g_cpu_ok = cpu_has_kernels();
+        device_i &di = g_device.iface;
+        di = {};
+        di.get_name = dev_name;
+        di.get_description = dev_description;
+        di.get_memory = dev_memory;
+        di.get_type = dev_get_type;
+        di.get_props = dev_props_fn;
+        di.init_backend = dev_init;
+        di.get_buffer_type = dev_buft;
+        di.supports_op = dev_supports_op;
+        di.supports_buft = dev_supports_buft;
+        g_device.owner = &g_reg;
+        g_reg.api_version = kBackendApiVersion;
+        g_reg.iface.get_name = reg_name;
+        g_reg.iface.get_device_count = reg_count;
+        g_reg.iface.get_device = reg_device;
+        g_reg.iface.get_proc_address = reg_proc;
+        g_api.backend_register(&g_reg);
+        g_registered = true;
+        return true;
+      },
+      py::arg("addresses"), py::arg("threads"),
+      "Register the backend with ggml (once per process; later calls only set the thread count). "
+      "Returns whether this call registered it.");
+  m.def("products", []() { return g_products.load(); }, "Matrix products computed by the backend so far.");
+  m.def(
+      "set_min_batch", [](int64_t n) {
+        if (n < 1) throw std::invalid_argument("min batch must be at least 1");
+        g_min_batch.store(n);
+      },
+      "Smallest token count the backend takes (2: single tokens stay with ggml's CPU backend).");
+  m.def(
+      "dot_rows",
+      [](int32_t type, py::buffer weights, py::buffer tokens_q8, int64_t k) {
+        // The kernel alone, for tests: weights (m rows of type) times n tokens already in Q8_0.
+        const rows_fn rows = rows_for(type);
+        if (!rows || !cpu_has_kernels()) throw std::invalid_argument("type not supported on this CPU");
+        if (k <= 0 || k % QK) throw std::invalid_argument("k must be a positive multiple of 32");
+        const py::buffer_info wi = weights.request(), yi = tokens_q8.request();
+        const size_t wrow = block_bytes(type) * static_cast<size_t>(k / QK), qrow = kQ8Block * static_cast<size_t>(k / QK);
+        const size_t wbytes = static_cast<size_t>(wi.size * wi.itemsize), ybytes = static_cast<size_t>(yi.size * yi.itemsize);
+        if (wbytes % wrow || ybytes % qrow) throw std::invalid_argument("buffer sizes are not whole rows");
+        const int64_t m_rows = static_cast<int64_t>(wbytes / wrow), n = static_cast<int64_t>(ybytes / qrow);
+        std::vector<const uint8_t *> cols(static_cast<size_t>(n));
+        for (int64_t c = 0; c < n; ++c) cols[static_cast<size_t>(c)] = static_cast<const uint8_t *>(yi.ptr) + c * qrow;
+        py::bytes out(std::string(static_cast<size_t>(m_rows * n) * sizeof(float), '\0'));
+        float *dst = reinterpret_cast<float *>(PyBytes_AsString(out.ptr()));
+        rows(static_cast<const uint8_t *>(wi.ptr), wrow, 0, m_rows, static_cast<int>(k / QK), cols.data(), n, dst,
+             static_cast<size_t>(m_rows));
+        return out;
+      },
+      py::arg("type"), py::arg("weights"), py::arg("tokens_q8"), py::arg("k"),
+      "Float32 bytes, token-major: token c's sums at [c * rows, (c + 1) * rows).");
+}
