@@ -208,6 +208,10 @@ def configuration(llm) -> str:
         "llamafile kernels compiled in" if build_info()["llamafile"] else "no llamafile kernels",
         "weights repacked" if weight_repacking(llm) else "weights as stored (no repacking)",
         "tiled matmul " + {"off": "off", "on": "on", "unsure": "maybe on"}[tiled]])
+    from ngramcache.integrations import llama_exact_matmul
+
+    if llama_exact_matmul.state() == "on":
+        kernels += ", " + llama_exact_matmul.DESCRIPTION
     layout = getattr(llm, "_ngramcache_prompt_layout", None)
     if layout is None:
         prompts = "prompts through the same kernels"
@@ -379,7 +383,14 @@ def _store_key(llm, tiled: str) -> str:
     cp = llm.context_params
     return "|".join([_STORE_VERSION, path, str(st.st_size), str(st.st_mtime_ns), b["llama_cpp_python"], b["libraries"],
                      f"t{s['n_threads']}", f"tb{s['n_threads_batch']}", f"repack{int(s['weight_repacking'])}",
-                     f"tiled-{tiled}", f"fa{int(s['flash_attn'])}", f"k{cp.type_k}v{cp.type_v}"])
+                     f"tiled-{tiled}", f"fa{int(s['flash_attn'])}", f"k{cp.type_k}v{cp.type_v}",
+                     f"matmul-{_matmul_state()}"])
+
+
+def _matmul_state() -> str:
+    from ngramcache.integrations import llama_exact_matmul
+
+    return "ngramcache" if llama_exact_matmul.state() == "on" else "ggml"
 
 
 def _read_store(path: str) -> dict:

@@ -33,7 +33,7 @@ import ngramcache.models as models
 from ngramcache._validate import check_int
 from ngramcache.decoding.loop import GenerationResult
 from ngramcache.drafters.base import Drafter
-from ngramcache.integrations import default_build, exactness, llama_prompt
+from ngramcache.integrations import default_build, exactness, llama_exact_matmul, llama_prompt
 from ngramcache.integrations.exactness import ExactnessReport, check_exact, exactness_status, no_weight_repacking
 from ngramcache.integrations.llama_backend import LlamaBackend, backend_of, llama_cpp, need_llama
 from ngramcache.integrations.llama_costs import (_cost_key, adaptive_drafter, calibrate, cost_store_path,  # noqa: F401
@@ -140,6 +140,9 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
         exactness.exact_kernels()
         if exactness.build_info()["llamafile"]:
             exactness.warn_no_exact_configuration()
+        else:
+            # before the context exists: llama.cpp lists ggml's backends when it creates one
+            llama_exact_matmul.install(n_threads_batch)
         if kwargs.get("flash_attn"):
             exactness.warn_flash_attention()
     # llama.cpp prints a few lines while loading even with verbose=False

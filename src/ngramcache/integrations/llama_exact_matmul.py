@@ -24,6 +24,9 @@ ENV = "NGRAMCACHE_EXACT_MATMUL"
 # The ggml whose backend interface the module declares: llama-cpp-python's vendored copy.
 LLAMA_CPP_VERSION = "0.3.36"
 
+# How ``configuration()`` and ``check-exact`` name it
+DESCRIPTION = "batched products of Q8_0, Q5_0 and Q4_0 weights in ngramcache's exact kernels"
+
 _lock = threading.Lock()
 _state: str | None = None
 
