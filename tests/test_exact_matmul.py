@@ -20,8 +20,9 @@ from ngramcache.integrations import llama_exact_matmul  # noqa: E402
 if not _exact_matmul.cpu_supported():
     pytest.skip("the CPU lacks AVX2, FMA or F16C", allow_module_level=True)
 
-# ggml's type numbers and block sizes (bytes per 32 weights)
-TYPES = {"q8_0": (8, 34), "q5_0": (6, 22), "q4_0": (2, 18)}
+# ggml's numbers: the weight type, its block (weights, bytes), the tokens' type and block bytes
+TYPES = {"q8_0": (8, 32, 34, 8, 34), "q5_0": (6, 32, 22, 8, 34), "q4_0": (2, 32, 18, 8, 34),
+         "q4_k": (12, 256, 144, 15, 292), "q6_k": (14, 256, 210, 15, 292)}
 
 
 class _Traits(ctypes.Structure):
@@ -43,74 +44,75 @@ def ggml_cpu():
 
     def traits(type_id: int):
         t = cpu.ggml_get_type_traits_cpu(type_id).contents
-        return _FROM_FLOAT(t.from_float), _VEC_DOT(t.vec_dot), t.vec_dot_type
+        return _FROM_FLOAT(t.from_float), _VEC_DOT(t.vec_dot) if t.vec_dot else None, t.vec_dot_type
 
     return traits
 
 
-def _quantize(from_float, rows: np.ndarray, block: int) -> np.ndarray:
+def _quantize(from_float, rows: np.ndarray, elems: int, block: int) -> np.ndarray:
     k = rows.shape[1]
-    out = np.zeros(rows.shape[0] * k // 32 * block, np.uint8)
+    out = np.zeros(rows.shape[0] * k // elems * block, np.uint8)
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     for r in range(rows.shape[0]):
-        from_float(rows[r].ctypes.data, out.ctypes.data + r * k // 32 * block, k)
+        from_float(rows[r].ctypes.data, out.ctypes.data + r * k // elems * block, k)
     return out
 
 
-def _ggml_sums(vec_dot, wq: np.ndarray, xq: np.ndarray, k: int, m: int, n: int, block: int) -> np.ndarray:
-    ref = np.zeros((n, m), np.float32)
-    s = ctypes.c_float()
-    for c in range(n):
-        for r in range(m):
-            vec_dot(k, ctypes.byref(s), 0, wq.ctypes.data + r * k // 32 * block, 0,
-                    xq.ctypes.data + c * k // 32 * 34, 0, 1)
-            ref[c, r] = s.value
-    return ref
-
-
-def _cases(rng):
+def _cases(rng, elems: int):
     """Weights and tokens: random with row scales spread over decades, constant rows (every
     quant at its extreme), zero blocks, alternating signs, one huge element per block."""
-    yield "random", rng.standard_normal((13, 640)) * rng.uniform(1e-3, 30, (13, 1)), \
-        rng.standard_normal((9, 640)) * rng.uniform(1e-2, 100, (9, 1))
+    k = 768 if elems == 256 else 640
+    yield "random", rng.standard_normal((13, k)) * rng.uniform(1e-3, 30, (13, 1)), \
+        rng.standard_normal((9, k)) * rng.uniform(1e-2, 100, (9, 1))
     yield "extremes", np.tile([1.0, -1.0], (7, 1024)), np.tile([-3.0, 3.0], (5, 1024))
-    w = rng.standard_normal((6, 96))
-    w[:, 32:64] = 0.0
-    x = rng.standard_normal((4, 96))
+    k = 3 * elems
+    w = rng.standard_normal((6, k))
+    w[:, elems:2 * elems] = 0.0
+    x = rng.standard_normal((4, k))
     x[1] = 0.0
     yield "zero blocks", w, x
     w = rng.standard_normal((5, 2048)) * 1e-3
     w[:, ::32] = 50.0
     yield "outliers", w, rng.standard_normal((17, 2048))
+    w = rng.uniform(0, 1, (7, 512)) ** 4  # skewed, all positive: a K-quant's minimums at work
+    yield "skewed", w, rng.standard_normal((6, 512)) + 2.0
 
 
 @pytest.mark.parametrize("name", sorted(TYPES))
 def test_kernel_sums_equal_ggml_one_token_sums_bit_for_bit(ggml_cpu, name):
-    type_id, block = TYPES[name]
+    type_id, elems, block, token_type, token_block = TYPES[name]
     from_float_w, vec_dot, vec_dot_type = ggml_cpu(type_id)
-    assert vec_dot_type == 8  # these types' one-token kernel reads tokens in Q8_0
-    from_float_q8, _, _ = ggml_cpu(8)
+    assert vec_dot_type == token_type  # the token format ggml's one-token kernel reads
+    from_float_tok, _, _ = ggml_cpu(token_type)
     rng = np.random.default_rng(7)
-    for label, w, x in _cases(rng):
+    s = ctypes.c_float()
+    for label, w, x in _cases(rng, elems):
         k, m, n = w.shape[1], w.shape[0], x.shape[0]
-        wq = _quantize(from_float_w, w, block)
-        xq = _quantize(from_float_q8, x, 34)
-        ref = _ggml_sums(vec_dot, wq, xq, k, m, n, block)
+        wq = _quantize(from_float_w, w, elems, block)
+        xq = _quantize(from_float_tok, x, elems if elems == 256 else 32, token_block)
+        wrow, xrow = wq.size // m, xq.size // n
+        ref = np.zeros((n, m), np.float32)
+        for c in range(n):
+            for r in range(m):
+                vec_dot(k, ctypes.byref(s), 0, wq.ctypes.data + r * wrow, 0, xq.ctypes.data + c * xrow, 0, 1)
+                ref[c, r] = s.value
         for width in range(1, n + 1):  # every batch width, so every tile shape and remainder
-            got = np.frombuffer(_exact_matmul.dot_rows(type_id, wq, xq[: width * k // 32 * 34], k),
+            got = np.frombuffer(_exact_matmul.dot_rows(type_id, wq, xq[: width * xrow], k),
                                 np.float32).reshape(width, m)
             assert np.array_equal(got.view(np.uint32), ref[:width].view(np.uint32)), (label, width)
 
 
 def test_kernel_rejects_what_it_cannot_read():
     with pytest.raises(ValueError, match="type"):
-        _exact_matmul.dot_rows(12, b"\0" * 144, b"\0" * 34 * 8, 256)  # Q4_K: not one of its types
+        _exact_matmul.dot_rows(3, b"\0" * 20, b"\0" * 36, 32)  # Q4_1: not one of its types
     with pytest.raises(ValueError, match="multiple of 32"):
         _exact_matmul.dot_rows(8, b"\0" * 34, b"\0" * 34, 20)
     with pytest.raises(ValueError, match="whole rows"):
         _exact_matmul.dot_rows(8, b"\0" * 35, b"\0" * 34, 32)
     with pytest.raises(ValueError, match="at least 1"):
         _exact_matmul.register_backend({}, 0)
+    with pytest.raises(ValueError, match="at least 1"):
+        _exact_matmul.set_min_batch(0)
 
 
 def _model_path(name: str) -> str:
@@ -136,10 +138,18 @@ def test_registered_backend_computes_batches_and_their_rows_equal_one_token_rows
     backend.clear()
     before = _exact_matmul.products()
     backend.decode(toks[:1], 0, 0)
-    backend.decode(toks[1:2], 1, 0)
-    assert _exact_matmul.products() == before  # single tokens stay with ggml's CPU backend
-    backend.decode(toks[2:10], 2, 0)
-    assert _exact_matmul.products() > before  # a batch's weight products come here
+    assert _exact_matmul.products() > before  # single tokens: its sums are ggml's, sooner
+    before = _exact_matmul.products()
+    backend.decode(toks[1:9], 1, 0)
+    assert _exact_matmul.products() > before  # a batch's weight products
+    # llama.cpp reuses a graph of the same shape with its backends; a new shape asks again
+    _exact_matmul.set_min_batch(2)
+    try:
+        before = _exact_matmul.products()
+        backend.decode(toks[9:10], 9, 0)
+        assert _exact_matmul.products() == before  # now left to ggml's CPU backend
+    finally:
+        _exact_matmul.set_min_batch(1)
     before = _exact_matmul.products()
     report = exactness.measure_exactness(llm)
     assert _exact_matmul.products() > before

@@ -5,16 +5,17 @@
 // weight block is decoded again for every token of the batch, so verifying 8 drafted tokens
 // costs nearly 8 single-token products. Here each weight block is decoded once and multiplied
 // with up to four tokens, while each token's sum runs through exactly the operations of
-// ggml's one-token kernel, in the same order: the same integer dot per 32-weight block
-// (exact), the same float scale, the same fused multiply-add into eight lanes, the same
-// horizontal sum. A batch's rows are therefore bit for bit the rows a single token gets, and
+// ggml's one-token kernel (its AVX2 code), in the same order: the same integer sums per block
+// and lane (integers: exact whatever their order), the same float scales, the same fused
+// multiply-adds into eight lanes, the same horizontal sum. A batch's rows are therefore bit for bit the rows a single token gets, and
 // tests/test_exact_matmul.py compares them with ggml's own kernel.
 //
 // How it joins llama.cpp: ggml's scheduler offers each matrix product to the registered
 // backends in order (GPUs, then accelerators, then the CPU) and takes the first that accepts
 // the weights' buffer and the operation. This backend accepts host buffers and products of
-// Q8_0, Q5_0 and Q4_0 weights by two or more F32 tokens; everything else, single tokens
-// included, stays with ggml's CPU backend.
+// Q8_0, Q5_0, Q4_0, Q4_K and Q6_K weights by F32 tokens; everything else stays with ggml's CPU
+// backend. It takes single tokens too: its one-token sums are ggml's bit for bit, and it
+// computes them faster (measured: docs/exactness.md), so plain decoding gains as well.
 #include <pybind11/pybind11.h>
 
 #include <immintrin.h>
@@ -41,20 +42,23 @@ namespace {
 api g_api;
 std::atomic<int> g_threads{1};
 std::atomic<int64_t> g_products{0};  // products computed here (tests read it)
-std::atomic<int64_t> g_min_batch{2};
+std::atomic<int64_t> g_min_batch{1};
 bool g_cpu_ok = false;
 
-constexpr int QK = 32;
-constexpr size_t kQ8Block = 34;  // fp16 scale + 32 int8
+// What the kernels know of a weight type: its block (elements, bytes) and the format ggml's
+// one-token kernel reads the tokens in (Q8_0 for the 32-weight types, Q8_K for the K-quants).
+typedef void (*rows_fn)(const uint8_t *, size_t, int64_t, int64_t, int, const uint8_t *const *, int64_t, float *,
+                        size_t);
+struct weight_kind {
+  int64_t block_elems = 0;
+  size_t block_bytes = 0;
+  int32_t token_type = 0;
+  size_t token_block_bytes = 0;
+  rows_fn rows = nullptr;
+};
 
-size_t block_bytes(int32_t t) {
-  switch (t) {
-    case TYPE_Q8_0: return 34;
-    case TYPE_Q5_0: return 22;
-    case TYPE_Q4_0: return 18;
-    default: return 0;
-  }
-}
+constexpr size_t kQ8_0 = 34;   // fp16 scale, 32 int8
+constexpr size_t kQ8_K = 292;  // float scale, 256 int8, 16 int16 sums of 16
 
 #define EXACT_TARGET __attribute__((target("avx2,fma,f16c")))
 
@@ -64,11 +68,13 @@ EXACT_TARGET inline float half_to_float(const uint8_t *p) {
   return _cvtsh_ss(h);
 }
 
-// The 32 weights of a block as signed bytes, in element order (bytes 0-15: elements 0-15).
+EXACT_TARGET inline __m256i load32(const void *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
+
+// The 32 weights of a Q8_0/Q5_0/Q4_0 block as signed bytes, in element order.
 template <int32_t T>
-EXACT_TARGET inline __m256i decode(const uint8_t *blk) {
+EXACT_TARGET inline __m256i decode32(const uint8_t *blk) {
   if constexpr (T == TYPE_Q8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 2));
+    return load32(blk + 2);
   } else {
     const uint8_t *qs = blk + (T == TYPE_Q5_0 ? 6 : 2);
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
@@ -84,7 +90,7 @@ EXACT_TARGET inline __m256i decode(const uint8_t *blk) {
       const __m256i spread = _mm256_shuffle_epi8(
           _mm256_set1_epi32(static_cast<int32_t>(qh)),
           _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-      const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+      const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
       const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
       return _mm256_or_si256(nibbles, _mm256_andnot_si256(set, _mm256_set1_epi8(static_cast<char>(0xF0))));
     }
@@ -99,56 +105,172 @@ EXACT_TARGET inline float hsum8(__m256 x) {
   return _mm_cvtss_f32(r);
 }
 
-// One weight row times NC quantized tokens; out[c * out_stride] gets token c's sum.
+// One weight row of a 32-weight type times NC tokens in Q8_0; out[c * out_stride] gets token
+// c's sum. Per block and token, as ggml's one-token kernel: |w| and sign(w) * x as bytes, their
+// products summed in pairs to 16 bits and in fours to 32, the scale product, one FMA into
+// eight lanes; the lanes summed at the end.
 template <int32_t T, int NC>
-EXACT_TARGET void row_times_tokens(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out,
-                                   size_t out_stride) {
-  const size_t wb = T == TYPE_Q8_0 ? 34 : (T == TYPE_Q5_0 ? 22 : 18);
+EXACT_TARGET void small_blocks(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
+  constexpr size_t wb = T == TYPE_Q8_0 ? 34 : (T == TYPE_Q5_0 ? 22 : 18);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[NC];
   for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
   for (int ib = 0; ib < nblocks; ++ib) {
     const uint8_t *blk = w + ib * wb;
     const float wd = half_to_float(blk);
-    const __m256i qx = decode<T>(blk);
+    const __m256i qx = decode32<T>(blk);
     const __m256i ax = _mm256_sign_epi8(qx, qx);
     for (int c = 0; c < NC; ++c) {
-      const uint8_t *yb = y[c] + ib * kQ8Block;
-      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(yb + 2));
-      const __m256i sy = _mm256_sign_epi8(qy, qx);
-      const __m256i pairs = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, sy));
-      const __m256 q = _mm256_cvtepi32_ps(pairs);
-      const __m256 d = _mm256_set1_ps(wd * half_to_float(yb));
-      acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
+      const uint8_t *yb = y[c] + ib * kQ8_0;
+      const __m256i sy = _mm256_sign_epi8(load32(yb + 2), qx);
+      const __m256 q = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, sy)));
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(wd * half_to_float(yb)), q, acc[c]);
     }
   }
   for (int c = 0; c < NC; ++c) out[c * out_stride] = hsum8(acc[c]);
 }
 
+// A K-quant super-block (256 weights) decoded once for all tokens: eight registers of 32
+// unsigned weight bytes (register k pairs with the token's bytes 32k..32k+31) and, for each,
+// the 16-bit scales of its sub-blocks, laid out as ggml's one-token kernel lays them out.
+struct kblock {
+  __m256i q[8];
+  __m256i scale[8];
+  __m128i mins;  // Q4_K: the eight sub-block minimums
+  __m256i scales16;  // Q6_K: the sixteen sub-block scales, sign-extended
+  float d, dmin;
+};
+
+EXACT_TARGET inline void decode_q4_k(const uint8_t *blk, kblock &kb) {
+  kb.d = half_to_float(blk);
+  kb.dmin = half_to_float(blk + 2);
+  uint32_t u[4];
+  std::memcpy(u, blk + 4, 12);
+  // six-bit scales and minimums, unpacked to bytes: u[0..1] the scales, u[2..3] the mins
+  u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+  const uint32_t mins_lo = u[1] & 0x3f3f3f3f;
+  u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+  u[2] = mins_lo;
+  u[0] &= 0x3f3f3f3f;
+  uint8_t sc[8], mn[8];
+  std::memcpy(sc, u, 8);
+  std::memcpy(mn, u + 2, 8);
+  kb.mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(mn)));
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const uint8_t *qs = blk + 16;
+  for (int j = 0; j < 4; ++j) {
+    const __m256i bits = load32(qs + 32 * j);
+    kb.q[2 * j] = _mm256_and_si256(bits, m4);
+    kb.q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+    kb.scale[2 * j] = _mm256_set1_epi16(sc[2 * j]);
+    kb.scale[2 * j + 1] = _mm256_set1_epi16(sc[2 * j + 1]);
+  }
+}
+
+EXACT_TARGET inline void decode_q6_k(const uint8_t *blk, kblock &kb) {
+  const uint8_t *ql = blk, *qh = blk + 128;
+  const int8_t *sc = reinterpret_cast<const int8_t *>(blk + 192);
+  kb.d = half_to_float(blk + 208);
+  kb.scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(sc)));
+  const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+  for (int j = 0; j < 2; ++j) {
+    const __m256i l1 = load32(ql + 64 * j), l2 = load32(ql + 64 * j + 32), h = load32(qh + 32 * j);
+    const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(h, m3), 4);
+    const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(12)), 2);
+    const __m256i h2 = _mm256_and_si256(h, _mm256_set1_epi8(48));
+    const __m256i h3 = _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(-64)), 2);
+    kb.q[4 * j + 0] = _mm256_or_si256(_mm256_and_si256(l1, m15), h0);
+    kb.q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(l2, m15), h1);
+    kb.q[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15), h2);
+    kb.q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m15), h3);
+    for (int i = 0; i < 4; ++i) {
+      const int k = 4 * j + i;  // 32 weights: sub-blocks 2k and 2k + 1, 16 weights each
+      kb.scale[k] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+    }
+  }
+}
+
+// One weight row of a K-quant times NC tokens in Q8_K. The integer sum per lane is exactly
+// the one-token kernel's (integers: any order gives it); the float steps are its steps.
+template <int32_t T, int NC>
+EXACT_TARGET void k_blocks(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
+  constexpr size_t wb = T == TYPE_Q4_K ? 144 : 210;
+  __m256 acc[NC];
+  __m128 acc_m[NC];
+  for (int c = 0; c < NC; ++c) {
+    acc[c] = _mm256_setzero_ps();
+    acc_m[c] = _mm_setzero_ps();
+  }
+  kblock kb;
+  for (int ib = 0; ib < nblocks; ++ib) {
+    if constexpr (T == TYPE_Q4_K) decode_q4_k(w + ib * wb, kb);
+    else decode_q6_k(w + ib * wb, kb);
+    for (int c = 0; c < NC; ++c) {
+      const uint8_t *yb = y[c] + ib * kQ8_K;
+      float yd;
+      std::memcpy(&yd, yb, 4);
+      const uint8_t *q8 = yb + 4;
+      const __m256i bsums = load32(yb + 260);
+      __m256i sumi = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k) {
+        const __m256i p = _mm256_madd_epi16(kb.scale[k], _mm256_maddubs_epi16(kb.q[k], load32(q8 + 32 * k)));
+        sumi = _mm256_add_epi32(sumi, p);
+      }
+      if constexpr (T == TYPE_Q4_K) {
+        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+        const __m128i prod = _mm_madd_epi16(kb.mins, q8s);
+        acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(-yd * kb.dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * kb.d), _mm256_cvtepi32_ps(sumi), acc[c]);
+      } else {
+        // weights are stored plus 32: take 32 * scale * (sum of the tokens' 16 bytes) off
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, kb.scales16), 5));
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * kb.d), _mm256_cvtepi32_ps(sumi), acc[c]);
+      }
+    }
+  }
+  for (int c = 0; c < NC; ++c) {
+    if constexpr (T == TYPE_Q4_K) {
+      __m128 m = _mm_add_ps(acc_m[c], _mm_movehl_ps(acc_m[c], acc_m[c]));
+      m = _mm_add_ss(m, _mm_movehdup_ps(m));
+      out[c * out_stride] = hsum8(acc[c]) + _mm_cvtss_f32(m);
+    } else {
+      out[c * out_stride] = hsum8(acc[c]);
+    }
+  }
+}
+
+template <int32_t T, int NC>
+void one_row(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
+  if constexpr (T == TYPE_Q4_K || T == TYPE_Q6_K) k_blocks<T, NC>(w, nblocks, y, out, out_stride);
+  else small_blocks<T, NC>(w, nblocks, y, out, out_stride);
+}
+
+// Rows row0..row1 of the weights times all ntok tokens, four tokens at a time: each weight
+// block is decoded once per four tokens.
 template <int32_t T>
 void rows_times_tokens(const uint8_t *w, size_t w_stride, int64_t row0, int64_t row1, int nblocks,
-                       const uint8_t *const *y, int64_t ntok, float *dst, size_t dst_col_stride) {
+                       const uint8_t *const *y, int64_t ntok, float *dst, size_t col) {
   for (int64_t r = row0; r < row1; ++r) {
     const uint8_t *wr = w + r * w_stride;
     int64_t c = 0;
-    for (; c + 4 <= ntok; c += 4) row_times_tokens<T, 4>(wr, nblocks, y + c, dst + c * dst_col_stride + r, dst_col_stride);
+    for (; c + 4 <= ntok; c += 4) one_row<T, 4>(wr, nblocks, y + c, dst + c * col + r, col);
     switch (ntok - c) {
-      case 3: row_times_tokens<T, 3>(wr, nblocks, y + c, dst + c * dst_col_stride + r, dst_col_stride); break;
-      case 2: row_times_tokens<T, 2>(wr, nblocks, y + c, dst + c * dst_col_stride + r, dst_col_stride); break;
-      case 1: row_times_tokens<T, 1>(wr, nblocks, y + c, dst + c * dst_col_stride + r, dst_col_stride); break;
+      case 3: one_row<T, 3>(wr, nblocks, y + c, dst + c * col + r, col); break;
+      case 2: one_row<T, 2>(wr, nblocks, y + c, dst + c * col + r, col); break;
+      case 1: one_row<T, 1>(wr, nblocks, y + c, dst + c * col + r, col); break;
       default: break;
     }
   }
 }
 
-typedef void (*rows_fn)(const uint8_t *, size_t, int64_t, int64_t, int, const uint8_t *const *, int64_t, float *, size_t);
-
-rows_fn rows_for(int32_t t) {
+weight_kind kind_of(int32_t t) {
   switch (t) {
-    case TYPE_Q8_0: return rows_times_tokens<TYPE_Q8_0>;
-    case TYPE_Q5_0: return rows_times_tokens<TYPE_Q5_0>;
-    case TYPE_Q4_0: return rows_times_tokens<TYPE_Q4_0>;
-    default: return nullptr;
+    case TYPE_Q8_0: return {32, 34, TYPE_Q8_0, kQ8_0, rows_times_tokens<TYPE_Q8_0>};
+    case TYPE_Q5_0: return {32, 22, TYPE_Q8_0, kQ8_0, rows_times_tokens<TYPE_Q5_0>};
+    case TYPE_Q4_0: return {32, 18, TYPE_Q8_0, kQ8_0, rows_times_tokens<TYPE_Q4_0>};
+    case TYPE_Q4_K: return {256, 144, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_Q4_K>};
+    case TYPE_Q6_K: return {256, 210, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_Q6_K>};
+    default: return {};
   }
 }
 
@@ -156,10 +278,11 @@ bool is_product_we_take(const tensor *op) {
   const tensor *w = op->src[0];
   const tensor *x = op->src[1];
   if (!w || !x || !g_cpu_ok) return false;
-  const size_t bb = block_bytes(w->type);
-  if (bb == 0 || x->type != TYPE_F32 || op->type != TYPE_F32) return false;
-  if (w->ne[0] % QK != 0 || w->ne[2] != 1 || w->ne[3] != 1) return false;
-  if (w->nb[0] != bb || w->nb[1] != bb * static_cast<size_t>(w->ne[0] / QK)) return false;
+  const weight_kind kind = kind_of(w->type);
+  if (!kind.rows || x->type != TYPE_F32 || op->type != TYPE_F32 || w->extra != nullptr) return false;
+  if (w->ne[0] % kind.block_elems != 0 || w->ne[2] != 1 || w->ne[3] != 1) return false;
+  if (w->nb[0] != kind.block_bytes || w->nb[1] != kind.block_bytes * static_cast<size_t>(w->ne[0] / kind.block_elems))
+    return false;
   if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
   if (op->nb[0] != sizeof(float) || op->ne[0] != w->ne[1] || op->ne[1] != x->ne[1]) return false;
   return x->ne[1] >= g_min_batch.load(std::memory_order_relaxed);
@@ -173,30 +296,31 @@ struct backend_state {
 int32_t mul_mat(backend_state &st, tensor *op) {
   const tensor *w = op->src[0];
   const tensor *x = op->src[1];
+  const weight_kind kind = kind_of(w->type);
   const int64_t k = w->ne[0], m = w->ne[1], n = x->ne[1];
-  const int nblocks = static_cast<int>(k / QK);
-  const size_t qrow = static_cast<size_t>(nblocks) * kQ8Block;
+  const int nblocks = static_cast<int>(k / kind.block_elems);
+  // the tokens in the format ggml's one-token kernel reads, quantized by ggml's own function
+  const size_t qrow = static_cast<size_t>(k / (kind.token_type == TYPE_Q8_K ? 256 : 32)) * kind.token_block_bytes;
   st.quantized.resize(qrow * static_cast<size_t>(n));
   st.cols.resize(static_cast<size_t>(n));
-  const from_float_t quantize = g_api.get_type_traits_cpu(TYPE_Q8_0)->from_float;
+  const from_float_t quantize = g_api.get_type_traits_cpu(kind.token_type)->from_float;
   for (int64_t c = 0; c < n; ++c) {
     const float *src = reinterpret_cast<const float *>(static_cast<const uint8_t *>(x->data) + c * x->nb[1]);
     quantize(src, st.quantized.data() + c * qrow, k);
     st.cols[static_cast<size_t>(c)] = st.quantized.data() + c * qrow;
   }
-  const rows_fn rows = rows_for(w->type);
   const uint8_t *wd = static_cast<const uint8_t *>(w->data);
   float *dst = static_cast<float *>(op->data);
   const size_t dst_col = op->nb[1] / sizeof(float);
   const uint8_t *const *cols = st.cols.data();
-  constexpr int64_t kChunk = 32;
+  constexpr int64_t kChunk = 16;
   const int64_t chunks = (m + kChunk - 1) / kChunk;
   const int threads = g_threads.load(std::memory_order_relaxed);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && chunks > 1)
   for (int64_t ch = 0; ch < chunks; ++ch) {
     const int64_t r0 = ch * kChunk;
     const int64_t r1 = r0 + kChunk < m ? r0 + kChunk : m;
-    rows(wd, w->nb[1], r0, r1, nblocks, cols, n, dst, dst_col);
+    kind.rows(wd, w->nb[1], r0, r1, nblocks, cols, n, dst, dst_col);
   }
   g_products.fetch_add(1, std::memory_order_relaxed);
   return STATUS_SUCCESS;
@@ -348,27 +472,31 @@ PYBIND11_MODULE(_exact_matmul, m) {
         if (n < 1) throw std::invalid_argument("min batch must be at least 1");
         g_min_batch.store(n);
       },
-      "Smallest token count the backend takes (2: single tokens stay with ggml's CPU backend).");
+      "Smallest token count the backend takes (1, the default: every product of its types; 2 leaves "
+      "single tokens to ggml's CPU backend). llama.cpp asks when it builds a graph of a new shape: a graph "
+      "it reuses keeps the backends it had.");
   m.def(
       "dot_rows",
-      [](int32_t type, py::buffer weights, py::buffer tokens_q8, int64_t k) {
-        // The kernel alone, for tests: weights (m rows of type) times n tokens already in Q8_0.
-        const rows_fn rows = rows_for(type);
-        if (!rows || !cpu_has_kernels()) throw std::invalid_argument("type not supported on this CPU");
-        if (k <= 0 || k % QK) throw std::invalid_argument("k must be a positive multiple of 32");
-        const py::buffer_info wi = weights.request(), yi = tokens_q8.request();
-        const size_t wrow = block_bytes(type) * static_cast<size_t>(k / QK), qrow = kQ8Block * static_cast<size_t>(k / QK);
+      [](int32_t type, py::buffer weights, py::buffer tokens, int64_t k) {
+        // The kernel alone, for tests: weights (rows of type) times tokens already quantized
+        // in the type's token format (Q8_0, or Q8_K for the K-quants).
+        const weight_kind kind = kind_of(type);
+        if (!kind.rows || !cpu_has_kernels()) throw std::invalid_argument("type not supported on this CPU");
+        if (k <= 0 || k % kind.block_elems)
+          throw std::invalid_argument("k must be a positive multiple of " + std::to_string(kind.block_elems));
+        const py::buffer_info wi = weights.request(), yi = tokens.request();
+        const int64_t nb = k / kind.block_elems;
+        const size_t wrow = kind.block_bytes * static_cast<size_t>(nb), qrow = kind.token_block_bytes * static_cast<size_t>(nb);
         const size_t wbytes = static_cast<size_t>(wi.size * wi.itemsize), ybytes = static_cast<size_t>(yi.size * yi.itemsize);
-        if (wbytes % wrow || ybytes % qrow) throw std::invalid_argument("buffer sizes are not whole rows");
+        if (wbytes == 0 || ybytes == 0 || wbytes % wrow || ybytes % qrow) throw std::invalid_argument("buffer sizes are not whole rows");
         const int64_t m_rows = static_cast<int64_t>(wbytes / wrow), n = static_cast<int64_t>(ybytes / qrow);
         std::vector<const uint8_t *> cols(static_cast<size_t>(n));
         for (int64_t c = 0; c < n; ++c) cols[static_cast<size_t>(c)] = static_cast<const uint8_t *>(yi.ptr) + c * qrow;
-        py::bytes out(std::string(static_cast<size_t>(m_rows * n) * sizeof(float), '\0'));
-        float *dst = reinterpret_cast<float *>(PyBytes_AsString(out.ptr()));
-        rows(static_cast<const uint8_t *>(wi.ptr), wrow, 0, m_rows, static_cast<int>(k / QK), cols.data(), n, dst,
-             static_cast<size_t>(m_rows));
-        return out;
+        std::string out(static_cast<size_t>(m_rows * n) * sizeof(float), '\0');
+        kind.rows(static_cast<const uint8_t *>(wi.ptr), wrow, 0, m_rows, static_cast<int>(nb), cols.data(), n,
+                  reinterpret_cast<float *>(&out[0]), static_cast<size_t>(m_rows));
+        return py::bytes(out);
       },
-      py::arg("type"), py::arg("weights"), py::arg("tokens_q8"), py::arg("k"),
+      py::arg("type"), py::arg("weights"), py::arg("tokens"), py::arg("k"),
       "Float32 bytes, token-major: token c's sums at [c * rows, (c + 1) * rows).");
 }

@@ -3,15 +3,15 @@
 On the exact build, llama.cpp verifies a draft of k tokens with its one-token dot product,
 k times over, decoding every weight block again for each token. ngramcache's compiled
 ``_exact_matmul`` module registers a ggml accelerator backend that takes the products of
-Q8_0, Q5_0 and Q4_0 weights by two or more tokens, decodes each weight block once for up to
-four tokens, and sums every token through exactly the operations of ggml's one-token kernel,
+Q8_0, Q5_0, Q4_0, Q4_K and Q6_K weights, decodes each weight block once for up to four
+tokens, and sums every token through exactly the operations of ggml's one-token kernel,
 in the same order: each row of a batch is bit for bit the row one token gets
 (docs/exactness.md, "Batched products in ngramcache's own kernels").
 
 ggml's scheduler offers each product to the registered backends before the CPU backend, so
 once registered (once per process, before a context is created) the backend serves every
-``Llama`` of this process. Single tokens and every other operation stay with ggml's CPU
-backend. ``NGRAMCACHE_EXACT_MATMUL=0`` in the environment keeps it out.
+``Llama`` of this process. Every other operation stays with ggml's CPU backend. Single tokens
+come here too: their sums are ggml's bit for bit, computed faster. ``NGRAMCACHE_EXACT_MATMUL=0`` in the environment keeps it out.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ ENV = "NGRAMCACHE_EXACT_MATMUL"
 LLAMA_CPP_VERSION = "0.3.36"
 
 # How ``configuration()`` and ``check-exact`` name it
-DESCRIPTION = "batched products of Q8_0, Q5_0 and Q4_0 weights in ngramcache's exact kernels"
+DESCRIPTION = "batched products of Q8_0, Q5_0, Q4_0, Q4_K and Q6_K weights in ngramcache's exact kernels"
 
 _lock = threading.Lock()
 _state: str | None = None
