@@ -32,8 +32,13 @@ def _build(weight_repacking: bool) -> str:
 
     info = build_info()
     libraries = hashlib.sha256(f"{info['libraries']}|{info['system_info']}".encode()).hexdigest()[:16]
+    from ngramcache.integrations import llama_exact_matmul
+
     tiled = os.environ.get(TILED_MM_ENV, "default")
-    return f"llama-cpp-python {info['llama_cpp_python']}|lib {libraries}|repack {int(weight_repacking)}|tiled {tiled}"
+    # ngramcache's own products change every cost
+    matmul = "ngramcache" if llama_exact_matmul.state() == "on" else "ggml"
+    return (f"llama-cpp-python {info['llama_cpp_python']}|lib {libraries}|repack {int(weight_repacking)}|tiled {tiled}"
+            f"|matmul {matmul}")
 
 
 def cost_key(model_path: str, n_threads: int, n_threads_batch: int, weight_repacking: bool = False) -> CostKey:
