@@ -13,7 +13,7 @@
 // How it joins llama.cpp: ggml's scheduler offers each matrix product to the registered
 // backends in order (GPUs, then accelerators, then the CPU) and takes the first that accepts
 // the weights' buffer and the operation. This backend accepts host buffers and products of
-// Q8_0, Q5_0, Q4_0, Q4_K and Q6_K weights by F32 tokens; everything else stays with ggml's CPU
+// Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, Q4_K and Q6_K weights by F32 tokens; everything else stays with ggml's CPU
 // backend. It takes single tokens too: its one-token sums are ggml's bit for bit, and it
 // computes them faster (measured: docs/exactness.md), so plain decoding gains as well.
 #include <pybind11/pybind11.h>
@@ -59,6 +59,7 @@ struct weight_kind {
 
 constexpr size_t kQ8_0 = 34;   // fp16 scale, 32 int8
 constexpr size_t kQ8_K = 292;  // float scale, 256 int8, 16 int16 sums of 16
+constexpr size_t kQ8_1 = 36;   // fp16 scale, fp16 scale times the sum, 32 int8
 
 #define EXACT_TARGET __attribute__((target("avx2,fma,f16c")))
 
@@ -66,6 +67,13 @@ EXACT_TARGET inline float half_to_float(const uint8_t *p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
+}
+
+// A product the compiler may not fuse with the add after it (the module builds with
+// -ffp-contract=off; this keeps it so under other flags too)
+inline float mul_no_contract(float a, float b) {
+  volatile float p = a * b;
+  return p;
 }
 
 EXACT_TARGET inline __m256i load32(const void *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
@@ -128,6 +136,49 @@ EXACT_TARGET void small_blocks(const uint8_t *w, int nblocks, const uint8_t *con
     }
   }
   for (int c = 0; c < NC; ++c) out[c * out_stride] = hsum8(acc[c]);
+}
+
+// One weight row of Q4_1 or Q5_1 (unsigned weights, a scale and an offset per block) times NC
+// tokens in Q8_1 (whose blocks carry their scale times their sum). As ggml's one-token kernel:
+// unsigned weight bytes times the token's signed bytes in pairs and fours, one FMA of the
+// scale product per block into eight lanes, and the offsets' products summed in a float
+// beside them, added after the lanes' sum.
+template <int32_t T, int NC>
+EXACT_TARGET void offset_blocks(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
+  constexpr size_t wb = T == TYPE_Q4_1 ? 20 : 24;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m128i lo_mask = _mm_set1_epi8(0x0F);
+  __m256 acc[NC];
+  float summs[NC];
+  for (int c = 0; c < NC; ++c) {
+    acc[c] = _mm256_setzero_ps();
+    summs[c] = 0.0f;
+  }
+  for (int ib = 0; ib < nblocks; ++ib) {
+    const uint8_t *blk = w + ib * wb;
+    const float wd = half_to_float(blk), wm = half_to_float(blk + 2);
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + (T == TYPE_Q4_1 ? 4 : 8)));
+    __m256i qx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), lo_mask), _mm_and_si128(packed, lo_mask));
+    if constexpr (T == TYPE_Q5_1) {
+      uint32_t qh;
+      std::memcpy(&qh, blk + 4, 4);
+      const __m256i spread = _mm256_shuffle_epi8(
+          _mm256_set1_epi32(static_cast<int32_t>(qh)),
+          _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+      const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+      qx = _mm256_or_si256(qx, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    for (int c = 0; c < NC; ++c) {
+      const uint8_t *yb = y[c] + ib * kQ8_1;
+      const float yd = half_to_float(yb);
+      // a separate multiply and add, as ggml's build computes it (the tests hold it to that)
+      summs[c] = summs[c] + mul_no_contract(wm, half_to_float(yb + 2));
+      const __m256 q = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(qx, load32(yb + 4))));
+      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(wd), _mm256_set1_ps(yd)), q, acc[c]);
+    }
+  }
+  for (int c = 0; c < NC; ++c) out[c * out_stride] = hsum8(acc[c]) + summs[c];
 }
 
 // A K-quant super-block (256 weights) decoded once for all tokens: eight registers of 32
@@ -242,6 +293,7 @@ EXACT_TARGET void k_blocks(const uint8_t *w, int nblocks, const uint8_t *const *
 template <int32_t T, int NC>
 void one_row(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
   if constexpr (T == TYPE_Q4_K || T == TYPE_Q6_K) k_blocks<T, NC>(w, nblocks, y, out, out_stride);
+  else if constexpr (T == TYPE_Q4_1 || T == TYPE_Q5_1) offset_blocks<T, NC>(w, nblocks, y, out, out_stride);
   else small_blocks<T, NC>(w, nblocks, y, out, out_stride);
 }
 
@@ -268,6 +320,8 @@ weight_kind kind_of(int32_t t) {
     case TYPE_Q8_0: return {32, 34, TYPE_Q8_0, kQ8_0, rows_times_tokens<TYPE_Q8_0>};
     case TYPE_Q5_0: return {32, 22, TYPE_Q8_0, kQ8_0, rows_times_tokens<TYPE_Q5_0>};
     case TYPE_Q4_0: return {32, 18, TYPE_Q8_0, kQ8_0, rows_times_tokens<TYPE_Q4_0>};
+    case TYPE_Q4_1: return {32, 20, TYPE_Q8_1, kQ8_1, rows_times_tokens<TYPE_Q4_1>};
+    case TYPE_Q5_1: return {32, 24, TYPE_Q8_1, kQ8_1, rows_times_tokens<TYPE_Q5_1>};
     case TYPE_Q4_K: return {256, 144, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_Q4_K>};
     case TYPE_Q6_K: return {256, 210, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_Q6_K>};
     default: return {};
