@@ -2,13 +2,17 @@
 
     .venv/bin/python bench/bench_exact_cost.py --default-build build/llama-default [--rounds 3]
 
-Two builds of llama-cpp-python, the same model files, one machine, alternating:
+Two builds of llama-cpp-python, three configurations, the same model files, one machine, alternating:
 
-  default  llama-cpp-python built without -DGGML_LLAMAFILE=OFF (llamafile's sgemm on), models
-           loaded as llama-cpp-python loads them (weights repacked for the CPU), the tiled
-           K-quant matmul on: batched logits differ from one-token logits
-  exact    the build the README installs (-DGGML_LLAMAFILE=OFF), models loaded without weight
-           repacking, GGML_CPU_TILED_MM=0: batched logits equal one-token logits bit for bit
+  default     llama-cpp-python built without -DGGML_LLAMAFILE=OFF (llamafile's sgemm on), models
+              loaded as llama-cpp-python loads them (weights repacked for the CPU), the tiled
+              K-quant matmul on: batched logits differ from one-token logits
+  exact       the build the README installs (-DGGML_LLAMAFILE=OFF), models loaded without weight
+              repacking, GGML_CPU_TILED_MM=0, the weight products in ngramcache's exact kernels
+              (ngramcache.integrations.llama_exact_matmul): batched logits equal one-token
+              logits bit for bit
+  exact-ggml  the same with the weight products left to ggml's own one-token kernel
+              (NGRAMCACHE_EXACT_MATMUL=0): also bit for bit, what the exact build cost before
 
 ``--default-build`` is a folder holding the default build's ``llama_cpp`` package, e.g. made by
 
@@ -19,7 +23,7 @@ Each measurement runs in a fresh process (the kernel switches are read once per 
 prints the milliseconds of: processing a 500-token prompt, decoding one token, and verifying a
 batch of k = 2, 4, 8, 16 drafted tokens (logits for every row, as the speculative loop asks).
 Within a process each figure is the median of several repeats; across processes the table shows
-the median of the rounds and the spread (min-max). Ratios compare the two builds of one round.
+the median of the rounds and the spread (min-max). Ratios compare the builds of one round.
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ def _child(model: str, exact: bool, repeats: int) -> dict:
 
     from ngramcache.integrations.exactness import no_weight_repacking
 
+    if exact:
+        from ngramcache.integrations import llama_exact_matmul
+
+        llama_exact_matmul.install(2)  # off where NGRAMCACHE_EXACT_MATMUL=0 (exact-ggml)
     with no_weight_repacking() if exact else contextlib.nullcontext():
         llm = llama_cpp.Llama(model_path(model), n_ctx=2048, n_batch=512, n_threads=2, n_threads_batch=2,
                               verbose=False)
@@ -90,12 +98,13 @@ def _child(model: str, exact: bool, repeats: int) -> dict:
 def _run(model: str, build: str, default_build: Path, repeats: int) -> dict:
     env = dict(os.environ)
     env.pop("GGML_CPU_TILED_MM", None)
+    env["NGRAMCACHE_EXACT_MATMUL"] = "0" if build == "exact-ggml" else "1"
     if build == "default":
         env["PYTHONPATH"] = os.pathsep.join([str(default_build), str(ROOT / "src"), env.get("PYTHONPATH", "")])
     else:
         env["GGML_CPU_TILED_MM"] = "0"
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, __file__, "--child", model, "--exact" if build == "exact" else "--no-exact",
+    cmd = [sys.executable, __file__, "--child", model, "--no-exact" if build == "default" else "--exact",
            "--repeats", str(repeats)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
@@ -120,27 +129,32 @@ def main() -> int:
         ap.error("--default-build must name a folder holding a llama_cpp package")
     results: dict = {}
     unit = "ms"
+    builds = ("default", "exact", "exact-ggml")
     for r in range(args.rounds):
         for model in args.models.split(","):
-            order = ("default", "exact") if r % 2 == 0 else ("exact", "default")
+            order = builds[r % 3:] + builds[:r % 3]  # each build first in turn
             for build in order:
                 fig = _run(model, build, args.default_build, args.repeats)
                 results.setdefault(model, {}).setdefault(build, []).append(fig)
-                print(f"round {r + 1} {model:8s} {build:8s} "
+                print(f"round {r + 1} {model:8s} {build:10s} "
                       + " ".join(f"{k[:-3]}={v:.1f}" for k, v in fig.items() if k.endswith("_ms")), flush=True)
     print()
     keys = ["prompt_ms", "decode_ms"] + [f"verify{k}_ms" for k in KS]
-    print(f"| model | measure | default {unit} | exact {unit} | exact / default (median, min-max of rounds) |")
-    print("|---|---|---:|---:|---:|")
+    print(f"| model | measure | default {unit} | exact {unit} | exact-ggml {unit} | exact / default | "
+          "exact-ggml / default |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+
+    def ratio(by, build, key):
+        rs = [b[key] / a[key] for a, b in zip(by["default"], by[build])]
+        return f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})"
+
     for model, by in results.items():
         for key in keys:
-            d = [f[key] for f in by["default"]]
-            e = [f[key] for f in by["exact"]]
-            ratios = [b / a for a, b in zip(d, e)]
             label = {"prompt_ms": f"prompt ({PROMPT_TOKENS} tokens)", "decode_ms": "decode 1 token"}.get(
                 key, f"verify {key[6:-3]} tokens")
-            print(f"| {model} | {label} | {statistics.median(d):.1f} | {statistics.median(e):.1f} | "
-                  f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |")
+            med = [statistics.median(f[key] for f in by[b]) for b in builds]
+            print(f"| {model} | {label} | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.1f} | "
+                  f"{ratio(by, 'exact', key)} | {ratio(by, 'exact-ggml', key)} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -23,7 +23,8 @@ if not _exact_matmul.cpu_supported():
 # ggml's numbers: the weight type, its block (weights, bytes), the tokens' type and block bytes
 TYPES = {"q8_0": (8, 32, 34, 8, 34), "q5_0": (6, 32, 22, 8, 34), "q4_0": (2, 32, 18, 8, 34),
          "q4_1": (3, 32, 20, 9, 36), "q5_1": (7, 32, 24, 9, 36),
-         "q4_k": (12, 256, 144, 15, 292), "q6_k": (14, 256, 210, 15, 292)}
+         "iq4_nl": (20, 32, 18, 8, 34), "q4_k": (12, 256, 144, 15, 292), "q5_k": (13, 256, 176, 15, 292),
+         "q6_k": (14, 256, 210, 15, 292), "iq4_xs": (23, 256, 136, 15, 292)}
 
 
 class _Traits(ctypes.Structure):
@@ -105,7 +106,7 @@ def test_kernel_sums_equal_ggml_one_token_sums_bit_for_bit(ggml_cpu, name):
 
 def test_kernel_rejects_what_it_cannot_read():
     with pytest.raises(ValueError, match="type"):
-        _exact_matmul.dot_rows(20, b"\0" * 18, b"\0" * 34, 32)  # IQ4_NL: not one of its types
+        _exact_matmul.dot_rows(10, b"\0" * 84, b"\0" * 292, 256)  # Q2_K: not one of its types
     with pytest.raises(ValueError, match="multiple of 32"):
         _exact_matmul.dot_rows(8, b"\0" * 34, b"\0" * 34, 20)
     with pytest.raises(ValueError, match="whole rows"):

@@ -13,7 +13,7 @@
 // How it joins llama.cpp: ggml's scheduler offers each matrix product to the registered
 // backends in order (GPUs, then accelerators, then the CPU) and takes the first that accepts
 // the weights' buffer and the operation. This backend accepts host buffers and products of
-// Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, Q4_K and Q6_K weights by F32 tokens; everything else stays with ggml's CPU
+// Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS weights by F32 tokens; everything else stays with ggml's CPU
 // backend. It takes single tokens too: its one-token sums are ggml's bit for bit, and it
 // computes them faster (measured: docs/exactness.md), so plain decoding gains as well.
 #include <pybind11/pybind11.h>
@@ -74,6 +74,12 @@ EXACT_TARGET inline float half_to_float(const uint8_t *p) {
 inline float mul_no_contract(float a, float b) {
   volatile float p = a * b;
   return p;
+}
+
+// a * b + c rounded once: where ggml's compiler fused a scalar multiply-add, so do we (the
+// tests compare with ggml's kernel and tell which)
+EXACT_TARGET inline float fused(float a, float b, float c) {
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
 }
 
 EXACT_TARGET inline __m256i load32(const void *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
@@ -181,6 +187,49 @@ EXACT_TARGET void offset_blocks(const uint8_t *w, int nblocks, const uint8_t *co
   for (int c = 0; c < NC; ++c) out[c * out_stride] = hsum8(acc[c]) + summs[c];
 }
 
+// IQ4_NL's 16 weight values (llama.cpp's table)
+alignas(16) const int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// One weight row of IQ4_NL times NC tokens in Q8_0. ggml's one-token kernel takes blocks in
+// pairs into two accumulators (even and odd blocks), adds them before the lanes' sum, and
+// adds an odd last block afterwards as a float.
+template <int NC>
+EXACT_TARGET void iq4_nl_blocks(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
+  const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i *>(kIq4nlValues));
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[2][NC];
+  for (int c = 0; c < NC; ++c) acc[0][c] = acc[1][c] = _mm256_setzero_ps();
+  const int paired = nblocks & ~1;
+  for (int ib = 0; ib < paired; ++ib) {
+    const uint8_t *blk = w + ib * 18;
+    const float wd = half_to_float(blk);
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2));
+    const __m256i qx = _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
+                                        _mm_shuffle_epi8(values, _mm_and_si128(bits, m4)));
+    const __m256i ax = _mm256_sign_epi8(qx, qx);
+    for (int c = 0; c < NC; ++c) {
+      const uint8_t *yb = y[c] + ib * kQ8_0;
+      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(load32(yb + 2), qx)), ones);
+      acc[ib & 1][c] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(yb) * wd), _mm256_cvtepi32_ps(p), acc[ib & 1][c]);
+    }
+  }
+  for (int c = 0; c < NC; ++c) {
+    float sum = hsum8(_mm256_add_ps(acc[0][c], acc[1][c]));
+    if (paired < nblocks) {  // the odd block, in integers, then one scaled add
+      const uint8_t *blk = w + paired * 18, *yb = y[c] + paired * kQ8_0;
+      const int8_t *q8 = reinterpret_cast<const int8_t *>(yb + 2);
+      int s1 = 0, s2 = 0;
+      for (int j = 0; j < 16; ++j) {
+        s1 += q8[j] * kIq4nlValues[blk[2 + j] & 0xf];
+        s2 += q8[j + 16] * kIq4nlValues[blk[2 + j] >> 4];
+      }
+      sum = fused(half_to_float(yb) * half_to_float(blk), static_cast<float>(s1 + s2), sum);
+    }
+    out[c * out_stride] = sum;
+  }
+}
+
 // A K-quant super-block (256 weights) decoded once for all tokens: eight registers of 32
 // unsigned weight bytes (register k pairs with the token's bytes 32k..32k+31) and, for each,
 // the 16-bit scales of its sub-blocks, laid out as ggml's one-token kernel lays them out.
@@ -192,29 +241,61 @@ struct kblock {
   float d, dmin;
 };
 
-EXACT_TARGET inline void decode_q4_k(const uint8_t *blk, kblock &kb) {
-  kb.d = half_to_float(blk);
-  kb.dmin = half_to_float(blk + 2);
+// The six-bit scales and minimums of a Q4_K or Q5_K super-block, unpacked to bytes.
+EXACT_TARGET inline void k4_scales(const uint8_t *packed, uint8_t sc[8], kblock &kb) {
   uint32_t u[4];
-  std::memcpy(u, blk + 4, 12);
-  // six-bit scales and minimums, unpacked to bytes: u[0..1] the scales, u[2..3] the mins
+  std::memcpy(u, packed, 12);
   u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
   const uint32_t mins_lo = u[1] & 0x3f3f3f3f;
   u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
   u[2] = mins_lo;
   u[0] &= 0x3f3f3f3f;
-  uint8_t sc[8], mn[8];
+  uint8_t mn[8];
   std::memcpy(sc, u, 8);
   std::memcpy(mn, u + 2, 8);
   kb.mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(mn)));
+}
+
+// Q4_K (H = false) or Q5_K (H = true: a fifth bit per weight, 32 bytes of them)
+template <bool H>
+EXACT_TARGET inline void decode_q45_k(const uint8_t *blk, kblock &kb) {
+  kb.d = half_to_float(blk);
+  kb.dmin = half_to_float(blk + 2);
+  uint8_t sc[8];
+  k4_scales(blk + 4, sc, kb);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const uint8_t *qs = blk + 16;
+  const uint8_t *qs = blk + (H ? 48 : 16);
+  const __m256i hbits = H ? load32(blk + 16) : _mm256_setzero_si256();
   for (int j = 0; j < 4; ++j) {
     const __m256i bits = load32(qs + 32 * j);
     kb.q[2 * j] = _mm256_and_si256(bits, m4);
     kb.q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+    if constexpr (H) {  // bit 2j of each byte of hbits for sub-block 2j, bit 2j + 1 for the next
+      const __m256i one = _mm256_set1_epi8(1);
+      const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * j)), one);
+      const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * j + 1)), one);
+      kb.q[2 * j] = _mm256_or_si256(kb.q[2 * j], _mm256_slli_epi16(h0, 4));
+      kb.q[2 * j + 1] = _mm256_or_si256(kb.q[2 * j + 1], _mm256_slli_epi16(h1, 4));
+    }
     kb.scale[2 * j] = _mm256_set1_epi16(sc[2 * j]);
     kb.scale[2 * j + 1] = _mm256_set1_epi16(sc[2 * j + 1]);
+  }
+}
+
+// IQ4_XS: 4-bit indices into a table of 16 signed values, six-bit scales less 32
+EXACT_TARGET inline void decode_iq4_xs(const uint8_t *blk, kblock &kb) {
+  kb.d = half_to_float(blk);
+  uint16_t sh;
+  std::memcpy(&sh, blk + 2, 2);
+  const uint8_t *sl = blk + 4, *qs = blk + 8;
+  const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i *>(kIq4nlValues));
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  for (int ib = 0; ib < 8; ++ib) {
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs + 16 * ib));
+    kb.q[ib] = _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
+                                _mm_shuffle_epi8(values, _mm_and_si128(bits, m4)));
+    const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((sh >> (2 * ib)) & 3) << 4);
+    kb.scale[ib] = _mm256_set1_epi16(static_cast<int16_t>(ls - 32));
   }
 }
 
@@ -245,16 +326,20 @@ EXACT_TARGET inline void decode_q6_k(const uint8_t *blk, kblock &kb) {
 // the one-token kernel's (integers: any order gives it); the float steps are its steps.
 template <int32_t T, int NC>
 EXACT_TARGET void k_blocks(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
-  constexpr size_t wb = T == TYPE_Q4_K ? 144 : 210;
+  constexpr size_t wb = T == TYPE_Q4_K ? 144 : T == TYPE_Q5_K ? 176 : T == TYPE_IQ4_XS ? 136 : 210;
   __m256 acc[NC];
   __m128 acc_m[NC];
+  float summs[NC];
   for (int c = 0; c < NC; ++c) {
     acc[c] = _mm256_setzero_ps();
     acc_m[c] = _mm_setzero_ps();
+    summs[c] = 0.0f;
   }
   kblock kb;
   for (int ib = 0; ib < nblocks; ++ib) {
-    if constexpr (T == TYPE_Q4_K) decode_q4_k(w + ib * wb, kb);
+    if constexpr (T == TYPE_Q4_K) decode_q45_k<false>(w + ib * wb, kb);
+    else if constexpr (T == TYPE_Q5_K) decode_q45_k<true>(w + ib * wb, kb);
+    else if constexpr (T == TYPE_IQ4_XS) decode_iq4_xs(w + ib * wb, kb);
     else decode_q6_k(w + ib * wb, kb);
     for (int c = 0; c < NC; ++c) {
       const uint8_t *yb = y[c] + ib * kQ8_K;
@@ -264,14 +349,29 @@ EXACT_TARGET void k_blocks(const uint8_t *w, int nblocks, const uint8_t *const *
       const __m256i bsums = load32(yb + 260);
       __m256i sumi = _mm256_setzero_si256();
       for (int k = 0; k < 8; ++k) {
-        const __m256i p = _mm256_madd_epi16(kb.scale[k], _mm256_maddubs_epi16(kb.q[k], load32(q8 + 32 * k)));
-        sumi = _mm256_add_epi32(sumi, p);
+        const __m256i q8k = load32(q8 + 32 * k);
+        __m256i pairs;
+        if constexpr (T == TYPE_IQ4_XS) {  // signed weights: |w| and sign(w) * x, as for Q8_0
+          pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(kb.q[k], kb.q[k]), _mm256_sign_epi8(q8k, kb.q[k]));
+        } else {
+          pairs = _mm256_maddubs_epi16(kb.q[k], q8k);
+        }
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(kb.scale[k], pairs));
       }
       if constexpr (T == TYPE_Q4_K) {
         const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
         const __m128i prod = _mm_madd_epi16(kb.mins, q8s);
         acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(-yd * kb.dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
         acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * kb.d), _mm256_cvtepi32_ps(sumi), acc[c]);
+      } else if constexpr (T == TYPE_Q5_K) {
+        // the minimums' part as one integer, scaled and added to a float per super-block
+        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+        const __m128i prod = _mm_madd_epi16(kb.mins, q8s);
+        const __m128i total = _mm_hadd_epi32(_mm_hadd_epi32(prod, _mm_setzero_si128()), _mm_setzero_si128());
+        summs[c] = fused(-yd * kb.dmin, static_cast<float>(_mm_cvtsi128_si32(total)), summs[c]);
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * kb.d), _mm256_cvtepi32_ps(sumi), acc[c]);
+      } else if constexpr (T == TYPE_IQ4_XS) {
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(kb.d * yd), _mm256_cvtepi32_ps(sumi), acc[c]);
       } else {
         // weights are stored plus 32: take 32 * scale * (sum of the tokens' 16 bytes) off
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, kb.scales16), 5));
@@ -284,6 +384,8 @@ EXACT_TARGET void k_blocks(const uint8_t *w, int nblocks, const uint8_t *const *
       __m128 m = _mm_add_ps(acc_m[c], _mm_movehl_ps(acc_m[c], acc_m[c]));
       m = _mm_add_ss(m, _mm_movehdup_ps(m));
       out[c * out_stride] = hsum8(acc[c]) + _mm_cvtss_f32(m);
+    } else if constexpr (T == TYPE_Q5_K) {
+      out[c * out_stride] = hsum8(acc[c]) + summs[c];
     } else {
       out[c * out_stride] = hsum8(acc[c]);
     }
@@ -292,7 +394,9 @@ EXACT_TARGET void k_blocks(const uint8_t *w, int nblocks, const uint8_t *const *
 
 template <int32_t T, int NC>
 void one_row(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
-  if constexpr (T == TYPE_Q4_K || T == TYPE_Q6_K) k_blocks<T, NC>(w, nblocks, y, out, out_stride);
+  if constexpr (T == TYPE_Q4_K || T == TYPE_Q5_K || T == TYPE_Q6_K || T == TYPE_IQ4_XS)
+    k_blocks<T, NC>(w, nblocks, y, out, out_stride);
+  else if constexpr (T == TYPE_IQ4_NL) iq4_nl_blocks<NC>(w, nblocks, y, out, out_stride);
   else if constexpr (T == TYPE_Q4_1 || T == TYPE_Q5_1) offset_blocks<T, NC>(w, nblocks, y, out, out_stride);
   else small_blocks<T, NC>(w, nblocks, y, out, out_stride);
 }
@@ -323,7 +427,10 @@ weight_kind kind_of(int32_t t) {
     case TYPE_Q4_1: return {32, 20, TYPE_Q8_1, kQ8_1, rows_times_tokens<TYPE_Q4_1>};
     case TYPE_Q5_1: return {32, 24, TYPE_Q8_1, kQ8_1, rows_times_tokens<TYPE_Q5_1>};
     case TYPE_Q4_K: return {256, 144, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_Q4_K>};
+    case TYPE_Q5_K: return {256, 176, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_Q5_K>};
     case TYPE_Q6_K: return {256, 210, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_Q6_K>};
+    case TYPE_IQ4_NL: return {32, 18, TYPE_Q8_0, kQ8_0, rows_times_tokens<TYPE_IQ4_NL>};
+    case TYPE_IQ4_XS: return {256, 136, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_IQ4_XS>};
     default: return {};
   }
 }

@@ -16,7 +16,8 @@ constexpr int kMaxName = 64;
 
 enum type : int32_t {
   TYPE_F32 = 0, TYPE_F16 = 1, TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q5_0 = 6, TYPE_Q5_1 = 7,
-  TYPE_Q8_0 = 8, TYPE_Q8_1 = 9, TYPE_Q4_K = 12, TYPE_Q6_K = 14, TYPE_Q8_K = 15,
+  TYPE_Q8_0 = 8, TYPE_Q8_1 = 9, TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14, TYPE_Q8_K = 15,
+  TYPE_IQ4_NL = 20, TYPE_IQ4_XS = 23,
 };
 
 enum op : int32_t {

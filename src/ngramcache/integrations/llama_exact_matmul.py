@@ -3,7 +3,7 @@
 On the exact build, llama.cpp verifies a draft of k tokens with its one-token dot product,
 k times over, decoding every weight block again for each token. ngramcache's compiled
 ``_exact_matmul`` module registers a ggml accelerator backend that takes the products of
-Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, Q4_K and Q6_K weights, decodes each weight block once for up to four
+Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS weights, decodes each weight block once for up to four
 tokens, and sums every token through exactly the operations of ggml's one-token kernel,
 in the same order: each row of a batch is bit for bit the row one token gets
 (docs/exactness.md, "Batched products in ngramcache's own kernels").
@@ -25,7 +25,7 @@ ENV = "NGRAMCACHE_EXACT_MATMUL"
 LLAMA_CPP_VERSION = "0.3.36"
 
 # How ``configuration()`` and ``check-exact`` name it
-DESCRIPTION = "batched products of Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, Q4_K and Q6_K weights in ngramcache's exact kernels"
+DESCRIPTION = "batched products of Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS weights in ngramcache's exact kernels"
 
 _lock = threading.Lock()
 _state: str | None = None
