@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -499,8 +500,20 @@ void backend_free(backend *b) {
   delete b;
 }
 void backend_sync(backend *) {}
+int32_t compute_nodes(backend_state &st, cgraph *g);
+
+// No C++ exception may cross ggml's C frames: a failed allocation becomes ggml's status
 int32_t backend_compute(backend *b, cgraph *g) {
-  auto &st = *static_cast<backend_state *>(b->context);
+  try {
+    return compute_nodes(*static_cast<backend_state *>(b->context), g);
+  } catch (const std::bad_alloc &) {
+    return -2;  // GGML_STATUS_ALLOC_FAILED
+  } catch (...) {
+    return -1;  // GGML_STATUS_FAILED
+  }
+}
+
+int32_t compute_nodes(backend_state &st, cgraph *g) {
   const int n = g_api.graph_n_nodes(g);
   for (int i = 0; i < n; ++i) {
     tensor *t = g_api.graph_node(g, i);
