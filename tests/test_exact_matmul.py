@@ -80,8 +80,12 @@ def _cases(rng, elems: int):
     yield "skewed", w, rng.standard_normal((6, 512)) + 2.0
 
 
+KERNELS = ["avx2"] + (["avx512vnni"] if _exact_matmul.kernels() == "avx512vnni" else [])
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("name", sorted(TYPES))
-def test_kernel_sums_equal_ggml_one_token_sums_bit_for_bit(ggml_cpu, name):
+def test_kernel_sums_equal_ggml_one_token_sums_bit_for_bit(ggml_cpu, name, kernels):
     type_id, elems, block, token_type, token_block = TYPES[name]
     from_float_w, vec_dot, vec_dot_type = ggml_cpu(type_id)
     assert vec_dot_type == token_type  # the token format ggml's one-token kernel reads
@@ -99,7 +103,7 @@ def test_kernel_sums_equal_ggml_one_token_sums_bit_for_bit(ggml_cpu, name):
                 vec_dot(k, ctypes.byref(s), 0, wq.ctypes.data + r * wrow, 0, xq.ctypes.data + c * xrow, 0, 1)
                 ref[c, r] = s.value
         for width in range(1, n + 1):  # every batch width, so every tile shape and remainder
-            got = np.frombuffer(_exact_matmul.dot_rows(type_id, wq, xq[: width * xrow], k),
+            got = np.frombuffer(_exact_matmul.dot_rows(type_id, wq, xq[: width * xrow], k, kernels),
                                 np.float32).reshape(width, m)
             assert np.array_equal(got.view(np.uint32), ref[:width].view(np.uint32)), (label, width)
 
@@ -111,6 +115,8 @@ def test_kernel_rejects_what_it_cannot_read():
         _exact_matmul.dot_rows(8, b"\0" * 34, b"\0" * 34, 20)
     with pytest.raises(ValueError, match="whole rows"):
         _exact_matmul.dot_rows(8, b"\0" * 35, b"\0" * 34, 32)
+    with pytest.raises(ValueError, match="kernels must be"):
+        _exact_matmul.dot_rows(8, b"\0" * 34, b"\0" * 34, 32, "sse2")
     with pytest.raises(ValueError, match="at least 1"):
         _exact_matmul.register_backend({}, 0)
     with pytest.raises(ValueError, match="at least 1"):

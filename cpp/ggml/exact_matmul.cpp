@@ -44,7 +44,6 @@ api g_api;
 std::atomic<int> g_threads{1};
 std::atomic<int64_t> g_products{0};  // products computed here (tests read it)
 std::atomic<int64_t> g_min_batch{1};
-bool g_cpu_ok = false;
 
 // What the kernels know of a weight type: its block (elements, bytes) and the format ggml's
 // one-token kernel reads the tokens in (Q8_0 for the 32-weight types, Q8_K for the K-quants).
@@ -62,14 +61,8 @@ constexpr size_t kQ8_0 = 34;   // fp16 scale, 32 int8
 constexpr size_t kQ8_K = 292;  // float scale, 256 int8, 16 int16 sums of 16
 constexpr size_t kQ8_1 = 36;   // fp16 scale, fp16 scale times the sum, 32 int8
 
-#define EXACT_TARGET __attribute__((target("avx2,fma,f16c")))
-
-EXACT_TARGET inline float half_to_float(const uint8_t *p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
+// Products and additions here must stay as written, never fused (ggml's build does not fuse
+// them either: the tests compare with its kernels)
 // A product the compiler may not fuse with the add after it (the module builds with
 // -ffp-contract=off; this keeps it so under other flags too)
 inline float mul_no_contract(float a, float b) {
@@ -77,369 +70,65 @@ inline float mul_no_contract(float a, float b) {
   return p;
 }
 
-// a * b + c rounded once: where ggml's compiler fused a scalar multiply-add, so do we (the
-// tests compare with ggml's kernel and tell which)
-EXACT_TARGET inline float fused(float a, float b, float c) {
-  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
-}
-
-EXACT_TARGET inline __m256i load32(const void *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
-
-// The 32 weights of a Q8_0/Q5_0/Q4_0 block as signed bytes, in element order.
-template <int32_t T>
-EXACT_TARGET inline __m256i decode32(const uint8_t *blk) {
-  if constexpr (T == TYPE_Q8_0) {
-    return load32(blk + 2);
-  } else {
-    const uint8_t *qs = blk + (T == TYPE_Q5_0 ? 6 : 2);
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
-    const __m128i lo_mask = _mm_set1_epi8(0x0F);
-    const __m256i nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), lo_mask),
-                                             _mm_and_si128(packed, lo_mask));
-    if constexpr (T == TYPE_Q4_0) {
-      return _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
-    } else {
-      // fifth bit: element j's weight is its nibble if bit j of qh is set, else nibble - 16
-      uint32_t qh;
-      std::memcpy(&qh, blk + 2, 4);
-      const __m256i spread = _mm256_shuffle_epi8(
-          _mm256_set1_epi32(static_cast<int32_t>(qh)),
-          _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-      const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-      return _mm256_or_si256(nibbles, _mm256_andnot_si256(set, _mm256_set1_epi8(static_cast<char>(0xF0))));
-    }
-  }
-}
-
-EXACT_TARGET inline float hsum8(__m256 x) {
-  __m128 r = _mm256_extractf128_ps(x, 1);
-  r = _mm_add_ps(r, _mm256_castps256_ps128(x));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return _mm_cvtss_f32(r);
-}
-
-// One weight row of a 32-weight type times NC tokens in Q8_0; out[c * out_stride] gets token
-// c's sum. Per block and token, as ggml's one-token kernel: |w| and sign(w) * x as bytes, their
-// products summed in pairs to 16 bits and in fours to 32, the scale product, one FMA into
-// eight lanes; the lanes summed at the end.
-template <int32_t T, int NC>
-EXACT_TARGET void small_blocks(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
-  constexpr size_t wb = T == TYPE_Q8_0 ? 34 : (T == TYPE_Q5_0 ? 22 : 18);
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[NC];
-  for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
-  for (int ib = 0; ib < nblocks; ++ib) {
-    const uint8_t *blk = w + ib * wb;
-    const float wd = half_to_float(blk);
-    const __m256i qx = decode32<T>(blk);
-    const __m256i ax = _mm256_sign_epi8(qx, qx);
-    for (int c = 0; c < NC; ++c) {
-      const uint8_t *yb = y[c] + ib * kQ8_0;
-      const __m256i sy = _mm256_sign_epi8(load32(yb + 2), qx);
-      const __m256 q = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, sy)));
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(wd * half_to_float(yb)), q, acc[c]);
-    }
-  }
-  for (int c = 0; c < NC; ++c) out[c * out_stride] = hsum8(acc[c]);
-}
-
-// One weight row of Q4_1 or Q5_1 (unsigned weights, a scale and an offset per block) times NC
-// tokens in Q8_1 (whose blocks carry their scale times their sum). As ggml's one-token kernel:
-// unsigned weight bytes times the token's signed bytes in pairs and fours, one FMA of the
-// scale product per block into eight lanes, and the offsets' products summed in a float
-// beside them, added after the lanes' sum.
-template <int32_t T, int NC>
-EXACT_TARGET void offset_blocks(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
-  constexpr size_t wb = T == TYPE_Q4_1 ? 20 : 24;
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m128i lo_mask = _mm_set1_epi8(0x0F);
-  __m256 acc[NC];
-  float summs[NC];
-  for (int c = 0; c < NC; ++c) {
-    acc[c] = _mm256_setzero_ps();
-    summs[c] = 0.0f;
-  }
-  for (int ib = 0; ib < nblocks; ++ib) {
-    const uint8_t *blk = w + ib * wb;
-    const float wd = half_to_float(blk), wm = half_to_float(blk + 2);
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + (T == TYPE_Q4_1 ? 4 : 8)));
-    __m256i qx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), lo_mask), _mm_and_si128(packed, lo_mask));
-    if constexpr (T == TYPE_Q5_1) {
-      uint32_t qh;
-      std::memcpy(&qh, blk + 4, 4);
-      const __m256i spread = _mm256_shuffle_epi8(
-          _mm256_set1_epi32(static_cast<int32_t>(qh)),
-          _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-      const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-      qx = _mm256_or_si256(qx, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-    }
-    for (int c = 0; c < NC; ++c) {
-      const uint8_t *yb = y[c] + ib * kQ8_1;
-      const float yd = half_to_float(yb);
-      // a separate multiply and add, as ggml's build computes it (the tests hold it to that)
-      summs[c] = summs[c] + mul_no_contract(wm, half_to_float(yb + 2));
-      const __m256 q = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(qx, load32(yb + 4))));
-      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(wd), _mm256_set1_ps(yd)), q, acc[c]);
-    }
-  }
-  for (int c = 0; c < NC; ++c) out[c * out_stride] = hsum8(acc[c]) + summs[c];
-}
-
 // IQ4_NL's 16 weight values (llama.cpp's table)
 alignas(16) const int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-// One weight row of IQ4_NL times NC tokens in Q8_0. ggml's one-token kernel takes blocks in
-// pairs into two accumulators (even and odd blocks), adds them before the lanes' sum, and
-// adds an odd last block afterwards as a float.
-template <int NC>
-EXACT_TARGET void iq4_nl_blocks(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
-  const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i *>(kIq4nlValues));
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[2][NC];
-  for (int c = 0; c < NC; ++c) acc[0][c] = acc[1][c] = _mm256_setzero_ps();
-  const int paired = nblocks & ~1;
-  for (int ib = 0; ib < paired; ++ib) {
-    const uint8_t *blk = w + ib * 18;
-    const float wd = half_to_float(blk);
-    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 2));
-    const __m256i qx = _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
-                                        _mm_shuffle_epi8(values, _mm_and_si128(bits, m4)));
-    const __m256i ax = _mm256_sign_epi8(qx, qx);
-    for (int c = 0; c < NC; ++c) {
-      const uint8_t *yb = y[c] + ib * kQ8_0;
-      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(load32(yb + 2), qx)), ones);
-      acc[ib & 1][c] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(yb) * wd), _mm256_cvtepi32_ps(p), acc[ib & 1][c]);
-    }
-  }
-  for (int c = 0; c < NC; ++c) {
-    float sum = hsum8(_mm256_add_ps(acc[0][c], acc[1][c]));
-    if (paired < nblocks) {  // the odd block, in integers, then one scaled add
-      const uint8_t *blk = w + paired * 18, *yb = y[c] + paired * kQ8_0;
-      const int8_t *q8 = reinterpret_cast<const int8_t *>(yb + 2);
-      int s1 = 0, s2 = 0;
-      for (int j = 0; j < 16; ++j) {
-        s1 += q8[j] * kIq4nlValues[blk[2 + j] & 0xf];
-        s2 += q8[j + 16] * kIq4nlValues[blk[2 + j] >> 4];
-      }
-      sum = fused(half_to_float(yb) * half_to_float(blk), static_cast<float>(s1 + s2), sum);
-    }
-    out[c * out_stride] = sum;
-  }
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2_kernels {
+#define NGC_KERNELS_VNNI 0
+#include "kernels.inc"
+#undef NGC_KERNELS_VNNI
+}  // namespace avx2_kernels
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+namespace vnni_kernels {
+#define NGC_KERNELS_VNNI 1
+#include "kernels.inc"
+#undef NGC_KERNELS_VNNI
+}  // namespace vnni_kernels
+#pragma GCC pop_options
+
+enum class isa { none, avx2, vnni };
+
+isa detect_isa() {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
+    return isa::none;
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")) return isa::vnni;
+  return isa::avx2;
 }
 
-// A K-quant super-block (256 weights) decoded once for all tokens: eight registers of 32
-// unsigned weight bytes (register k pairs with the token's bytes 32k..32k+31) and, for each,
-// the 16-bit scales of its sub-blocks, laid out as ggml's one-token kernel lays them out.
-struct kblock {
-  __m256i q[8];
-  __m256i scale[8];
-  __m128i mins;  // Q4_K: the eight sub-block minimums
-  __m256i scales16;  // Q6_K: the sixteen sub-block scales, sign-extended
-  float d, dmin;
-};
+const isa g_best = detect_isa();
 
-// The six-bit scales and minimums of a Q4_K or Q5_K super-block, unpacked to bytes.
-EXACT_TARGET inline void k4_scales(const uint8_t *packed, uint8_t sc[8], kblock &kb) {
-  uint32_t u[4];
-  std::memcpy(u, packed, 12);
-  u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-  const uint32_t mins_lo = u[1] & 0x3f3f3f3f;
-  u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-  u[2] = mins_lo;
-  u[0] &= 0x3f3f3f3f;
-  uint8_t mn[8];
-  std::memcpy(sc, u, 8);
-  std::memcpy(mn, u + 2, 8);
-  kb.mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(mn)));
-}
+const char *isa_name(isa i) { return i == isa::vnni ? "avx512vnni" : i == isa::avx2 ? "avx2" : "none"; }
 
-// Q4_K (H = false) or Q5_K (H = true: a fifth bit per weight, 32 bytes of them)
-template <bool H>
-EXACT_TARGET inline void decode_q45_k(const uint8_t *blk, kblock &kb) {
-  kb.d = half_to_float(blk);
-  kb.dmin = half_to_float(blk + 2);
-  uint8_t sc[8];
-  k4_scales(blk + 4, sc, kb);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const uint8_t *qs = blk + (H ? 48 : 16);
-  const __m256i hbits = H ? load32(blk + 16) : _mm256_setzero_si256();
-  for (int j = 0; j < 4; ++j) {
-    const __m256i bits = load32(qs + 32 * j);
-    kb.q[2 * j] = _mm256_and_si256(bits, m4);
-    kb.q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-    if constexpr (H) {  // bit 2j of each byte of hbits for sub-block 2j, bit 2j + 1 for the next
-      const __m256i one = _mm256_set1_epi8(1);
-      const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * j)), one);
-      const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * j + 1)), one);
-      kb.q[2 * j] = _mm256_or_si256(kb.q[2 * j], _mm256_slli_epi16(h0, 4));
-      kb.q[2 * j + 1] = _mm256_or_si256(kb.q[2 * j + 1], _mm256_slli_epi16(h1, 4));
-    }
-    kb.scale[2 * j] = _mm256_set1_epi16(sc[2 * j]);
-    kb.scale[2 * j + 1] = _mm256_set1_epi16(sc[2 * j + 1]);
-  }
-}
-
-// IQ4_XS: 4-bit indices into a table of 16 signed values, six-bit scales less 32
-EXACT_TARGET inline void decode_iq4_xs(const uint8_t *blk, kblock &kb) {
-  kb.d = half_to_float(blk);
-  uint16_t sh;
-  std::memcpy(&sh, blk + 2, 2);
-  const uint8_t *sl = blk + 4, *qs = blk + 8;
-  const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i *>(kIq4nlValues));
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  for (int ib = 0; ib < 8; ++ib) {
-    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs + 16 * ib));
-    kb.q[ib] = _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
-                                _mm_shuffle_epi8(values, _mm_and_si128(bits, m4)));
-    const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((sh >> (2 * ib)) & 3) << 4);
-    kb.scale[ib] = _mm256_set1_epi16(static_cast<int16_t>(ls - 32));
-  }
-}
-
-EXACT_TARGET inline void decode_q6_k(const uint8_t *blk, kblock &kb) {
-  const uint8_t *ql = blk, *qh = blk + 128;
-  const int8_t *sc = reinterpret_cast<const int8_t *>(blk + 192);
-  kb.d = half_to_float(blk + 208);
-  kb.scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(sc)));
-  const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
-  for (int j = 0; j < 2; ++j) {
-    const __m256i l1 = load32(ql + 64 * j), l2 = load32(ql + 64 * j + 32), h = load32(qh + 32 * j);
-    const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(h, m3), 4);
-    const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(12)), 2);
-    const __m256i h2 = _mm256_and_si256(h, _mm256_set1_epi8(48));
-    const __m256i h3 = _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(-64)), 2);
-    kb.q[4 * j + 0] = _mm256_or_si256(_mm256_and_si256(l1, m15), h0);
-    kb.q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(l2, m15), h1);
-    kb.q[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15), h2);
-    kb.q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m15), h3);
-    for (int i = 0; i < 4; ++i) {
-      const int k = 4 * j + i;  // 32 weights: sub-blocks 2k and 2k + 1, 16 weights each
-      kb.scale[k] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
-    }
-  }
-}
-
-// One weight row of a K-quant times NC tokens in Q8_K. The integer sum per lane is exactly
-// the one-token kernel's (integers: any order gives it); the float steps are its steps.
-template <int32_t T, int NC>
-EXACT_TARGET void k_blocks(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
-  constexpr size_t wb = T == TYPE_Q4_K ? 144 : T == TYPE_Q5_K ? 176 : T == TYPE_IQ4_XS ? 136 : 210;
-  __m256 acc[NC];
-  __m128 acc_m[NC];
-  float summs[NC];
-  for (int c = 0; c < NC; ++c) {
-    acc[c] = _mm256_setzero_ps();
-    acc_m[c] = _mm_setzero_ps();
-    summs[c] = 0.0f;
-  }
-  kblock kb;
-  for (int ib = 0; ib < nblocks; ++ib) {
-    if constexpr (T == TYPE_Q4_K) decode_q45_k<false>(w + ib * wb, kb);
-    else if constexpr (T == TYPE_Q5_K) decode_q45_k<true>(w + ib * wb, kb);
-    else if constexpr (T == TYPE_IQ4_XS) decode_iq4_xs(w + ib * wb, kb);
-    else decode_q6_k(w + ib * wb, kb);
-    for (int c = 0; c < NC; ++c) {
-      const uint8_t *yb = y[c] + ib * kQ8_K;
-      float yd;
-      std::memcpy(&yd, yb, 4);
-      const uint8_t *q8 = yb + 4;
-      const __m256i bsums = load32(yb + 260);
-      __m256i sumi = _mm256_setzero_si256();
-      for (int k = 0; k < 8; ++k) {
-        const __m256i q8k = load32(q8 + 32 * k);
-        __m256i pairs;
-        if constexpr (T == TYPE_IQ4_XS) {  // signed weights: |w| and sign(w) * x, as for Q8_0
-          pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(kb.q[k], kb.q[k]), _mm256_sign_epi8(q8k, kb.q[k]));
-        } else {
-          pairs = _mm256_maddubs_epi16(kb.q[k], q8k);
-        }
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(kb.scale[k], pairs));
-      }
-      if constexpr (T == TYPE_Q4_K) {
-        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-        const __m128i prod = _mm_madd_epi16(kb.mins, q8s);
-        acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(-yd * kb.dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * kb.d), _mm256_cvtepi32_ps(sumi), acc[c]);
-      } else if constexpr (T == TYPE_Q5_K) {
-        // the minimums' part as one integer, scaled and added to a float per super-block
-        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-        const __m128i prod = _mm_madd_epi16(kb.mins, q8s);
-        const __m128i total = _mm_hadd_epi32(_mm_hadd_epi32(prod, _mm_setzero_si128()), _mm_setzero_si128());
-        summs[c] = fused(-yd * kb.dmin, static_cast<float>(_mm_cvtsi128_si32(total)), summs[c]);
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * kb.d), _mm256_cvtepi32_ps(sumi), acc[c]);
-      } else if constexpr (T == TYPE_IQ4_XS) {
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(kb.d * yd), _mm256_cvtepi32_ps(sumi), acc[c]);
-      } else {
-        // weights are stored plus 32: take 32 * scale * (sum of the tokens' 16 bytes) off
-        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, kb.scales16), 5));
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * kb.d), _mm256_cvtepi32_ps(sumi), acc[c]);
-      }
-    }
-  }
-  for (int c = 0; c < NC; ++c) {
-    if constexpr (T == TYPE_Q4_K) {
-      __m128 m = _mm_add_ps(acc_m[c], _mm_movehl_ps(acc_m[c], acc_m[c]));
-      m = _mm_add_ss(m, _mm_movehdup_ps(m));
-      out[c * out_stride] = hsum8(acc[c]) + _mm_cvtss_f32(m);
-    } else if constexpr (T == TYPE_Q5_K) {
-      out[c * out_stride] = hsum8(acc[c]) + summs[c];
-    } else {
-      out[c * out_stride] = hsum8(acc[c]);
-    }
-  }
-}
-
-template <int32_t T, int NC>
-void one_row(const uint8_t *w, int nblocks, const uint8_t *const *y, float *out, size_t out_stride) {
-  if constexpr (T == TYPE_Q4_K || T == TYPE_Q5_K || T == TYPE_Q6_K || T == TYPE_IQ4_XS)
-    k_blocks<T, NC>(w, nblocks, y, out, out_stride);
-  else if constexpr (T == TYPE_IQ4_NL) iq4_nl_blocks<NC>(w, nblocks, y, out, out_stride);
-  else if constexpr (T == TYPE_Q4_1 || T == TYPE_Q5_1) offset_blocks<T, NC>(w, nblocks, y, out, out_stride);
-  else small_blocks<T, NC>(w, nblocks, y, out, out_stride);
-}
-
-// Rows row0..row1 of the weights times all ntok tokens, four tokens at a time: each weight
-// block is decoded once per four tokens.
-template <int32_t T>
-void rows_times_tokens(const uint8_t *w, size_t w_stride, int64_t row0, int64_t row1, int nblocks,
-                       const uint8_t *const *y, int64_t ntok, float *dst, size_t col) {
-  for (int64_t r = row0; r < row1; ++r) {
-    const uint8_t *wr = w + r * w_stride;
-    int64_t c = 0;
-    for (; c + 4 <= ntok; c += 4) one_row<T, 4>(wr, nblocks, y + c, dst + c * col + r, col);
-    switch (ntok - c) {
-      case 3: one_row<T, 3>(wr, nblocks, y + c, dst + c * col + r, col); break;
-      case 2: one_row<T, 2>(wr, nblocks, y + c, dst + c * col + r, col); break;
-      case 1: one_row<T, 1>(wr, nblocks, y + c, dst + c * col + r, col); break;
-      default: break;
-    }
-  }
-}
-
-weight_kind kind_of(int32_t t) {
+weight_kind kind_of(int32_t t, isa which = g_best) {
+  if (which == isa::none) return {};
+#define NGC_ROWS(T) (which == isa::vnni ? &vnni_kernels::rows_times_tokens<T> : &avx2_kernels::rows_times_tokens<T>)
   switch (t) {
-    case TYPE_Q8_0: return {32, 34, TYPE_Q8_0, kQ8_0, rows_times_tokens<TYPE_Q8_0>};
-    case TYPE_Q5_0: return {32, 22, TYPE_Q8_0, kQ8_0, rows_times_tokens<TYPE_Q5_0>};
-    case TYPE_Q4_0: return {32, 18, TYPE_Q8_0, kQ8_0, rows_times_tokens<TYPE_Q4_0>};
-    case TYPE_Q4_1: return {32, 20, TYPE_Q8_1, kQ8_1, rows_times_tokens<TYPE_Q4_1>};
-    case TYPE_Q5_1: return {32, 24, TYPE_Q8_1, kQ8_1, rows_times_tokens<TYPE_Q5_1>};
-    case TYPE_Q4_K: return {256, 144, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_Q4_K>};
-    case TYPE_Q5_K: return {256, 176, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_Q5_K>};
-    case TYPE_Q6_K: return {256, 210, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_Q6_K>};
-    case TYPE_IQ4_NL: return {32, 18, TYPE_Q8_0, kQ8_0, rows_times_tokens<TYPE_IQ4_NL>};
-    case TYPE_IQ4_XS: return {256, 136, TYPE_Q8_K, kQ8_K, rows_times_tokens<TYPE_IQ4_XS>};
+    case TYPE_Q8_0: return {32, 34, TYPE_Q8_0, kQ8_0, NGC_ROWS(TYPE_Q8_0)};
+    case TYPE_Q5_0: return {32, 22, TYPE_Q8_0, kQ8_0, NGC_ROWS(TYPE_Q5_0)};
+    case TYPE_Q4_0: return {32, 18, TYPE_Q8_0, kQ8_0, NGC_ROWS(TYPE_Q4_0)};
+    case TYPE_Q4_1: return {32, 20, TYPE_Q8_1, kQ8_1, NGC_ROWS(TYPE_Q4_1)};
+    case TYPE_Q5_1: return {32, 24, TYPE_Q8_1, kQ8_1, NGC_ROWS(TYPE_Q5_1)};
+    case TYPE_Q4_K: return {256, 144, TYPE_Q8_K, kQ8_K, NGC_ROWS(TYPE_Q4_K)};
+    case TYPE_Q5_K: return {256, 176, TYPE_Q8_K, kQ8_K, NGC_ROWS(TYPE_Q5_K)};
+    case TYPE_Q6_K: return {256, 210, TYPE_Q8_K, kQ8_K, NGC_ROWS(TYPE_Q6_K)};
+    case TYPE_IQ4_NL: return {32, 18, TYPE_Q8_0, kQ8_0, NGC_ROWS(TYPE_IQ4_NL)};
+    case TYPE_IQ4_XS: return {256, 136, TYPE_Q8_K, kQ8_K, NGC_ROWS(TYPE_IQ4_XS)};
     default: return {};
   }
+#undef NGC_ROWS
 }
 
 bool is_product_we_take(const tensor *op) {
   const tensor *w = op->src[0];
   const tensor *x = op->src[1];
-  if (!w || !x || !g_cpu_ok) return false;
+  if (!w || !x) return false;
   const weight_kind kind = kind_of(w->type);
   if (!kind.rows || x->type != TYPE_F32 || op->type != TYPE_F32 || w->extra != nullptr) return false;
   if (w->ne[0] % kind.block_elems != 0 || w->ne[2] != 1 || w->ne[3] != 1) return false;
@@ -582,16 +271,15 @@ F fn(py::dict addrs, const char *name) {
   return reinterpret_cast<F>(a);
 }
 
-bool cpu_has_kernels() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
+bool cpu_has_kernels() { return g_best != isa::none; }
 
 }  // namespace
 
 PYBIND11_MODULE(_exact_matmul, m) {
   m.doc() = "Exact batched matrix products for llama.cpp's CPU backend (a ggml accelerator backend).";
   m.def("cpu_supported", &cpu_has_kernels, "Whether this CPU runs the kernels (AVX2, FMA, F16C).");
+  m.def("kernels", []() { return std::string(isa_name(g_best)); },
+        "The kernels this CPU gets: \"avx512vnni\", \"avx2\" or \"none\".");
   m.def(
       "probe_layout",
       [](uintptr_t t_addr, int32_t type, int64_t ne0, int64_t ne1, const std::string &name, int32_t op,
@@ -615,7 +303,6 @@ PYBIND11_MODULE(_exact_matmul, m) {
         g_api.graph_n_nodes = fn<int (*)(cgraph *)>(addrs, "ggml_graph_n_nodes");
         g_api.graph_node = fn<tensor *(*)(cgraph *, int)>(addrs, "ggml_graph_node");
         g_api.get_type_traits_cpu = fn<const type_traits_cpu *(*)(int32_t)>(addrs, "ggml_get_type_traits_cpu");
-        g_cpu_ok = cpu_has_kernels();
         device_i &di = g_device.iface;
         di = {};
         di.get_name = dev_name;
@@ -651,11 +338,17 @@ PYBIND11_MODULE(_exact_matmul, m) {
       "it reuses keeps the backends it had.");
   m.def(
       "dot_rows",
-      [](int32_t type, py::buffer weights, py::buffer tokens, int64_t k) {
+      [](int32_t type, py::buffer weights, py::buffer tokens, int64_t k, const std::string &kernels) {
         // The kernel alone, for tests: weights (rows of type) times tokens already quantized
         // in the type's token format (Q8_0, or Q8_K for the K-quants).
-        const weight_kind kind = kind_of(type);
-        if (!kind.rows || !cpu_has_kernels()) throw std::invalid_argument("type not supported on this CPU");
+        isa which = g_best;
+        if (kernels == "avx2") which = g_best == isa::none ? isa::none : isa::avx2;
+        else if (kernels != "best") {
+          if (kernels != "avx512vnni") throw std::invalid_argument("kernels must be best, avx2 or avx512vnni");
+          if (g_best != isa::vnni) throw std::invalid_argument("this CPU lacks AVX-512 VNNI");
+        }
+        const weight_kind kind = kind_of(type, which);
+        if (!kind.rows) throw std::invalid_argument("type not supported on this CPU");
         if (k <= 0 || k % kind.block_elems)
           throw std::invalid_argument("k must be a positive multiple of " + std::to_string(kind.block_elems));
         const py::buffer_info wi = weights.request(), yi = tokens.request();
@@ -671,6 +364,6 @@ PYBIND11_MODULE(_exact_matmul, m) {
                   reinterpret_cast<float *>(&out[0]), static_cast<size_t>(m_rows));
         return py::bytes(out);
       },
-      py::arg("type"), py::arg("weights"), py::arg("tokens"), py::arg("k"),
+      py::arg("type"), py::arg("weights"), py::arg("tokens"), py::arg("k"), py::arg("kernels") = "best",
       "Float32 bytes, token-major: token c's sums at [c * rows, (c + 1) * rows).");
 }
