@@ -7,15 +7,17 @@
 // with up to four tokens, while each token's sum runs through exactly the operations of
 // ggml's one-token kernel (its AVX2 code), in the same order: the same integer sums per block
 // and lane (integers: exact whatever their order), the same float scales, the same fused
-// multiply-adds into eight lanes, the same horizontal sum. A batch's rows are therefore bit for bit the rows a single token gets, and
-// tests/test_exact_matmul.py compares them with ggml's own kernel.
+// multiply-adds into eight lanes, the same horizontal sum. A batch's rows are therefore bit
+// for bit the rows a single token gets; tests/test_exact_matmul.py compares them with ggml's
+// own kernel. The kernels (kernels.inc) are compiled twice: for AVX2, and for AVX-512 VNNI,
+// whose one-instruction byte products give the same integers.
 //
 // How it joins llama.cpp: ggml's scheduler offers each matrix product to the registered
 // backends in order (GPUs, then accelerators, then the CPU) and takes the first that accepts
 // the weights' buffer and the operation. This backend accepts host buffers and products of
-// Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS weights by F32 tokens; everything else stays with ggml's CPU
-// backend. It takes single tokens too: its one-token sums are ggml's bit for bit, and it
-// computes them faster (measured: docs/exactness.md), so plain decoding gains as well.
+// Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS weights by F32 tokens;
+// everything else stays with ggml's CPU backend. It takes single tokens too: its one-token
+// sums are ggml's bit for bit and come sooner, so plain decoding gains as well.
 #include <pybind11/pybind11.h>
 
 #include <immintrin.h>
@@ -28,10 +30,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "ggml_abi.hpp"
 
@@ -61,8 +59,6 @@ constexpr size_t kQ8_0 = 34;   // fp16 scale, 32 int8
 constexpr size_t kQ8_K = 292;  // float scale, 256 int8, 16 int16 sums of 16
 constexpr size_t kQ8_1 = 36;   // fp16 scale, fp16 scale times the sum, 32 int8
 
-// Products and additions here must stay as written, never fused (ggml's build does not fuse
-// them either: the tests compare with its kernels)
 // A product the compiler may not fuse with the add after it (the module builds with
 // -ffp-contract=off; this keeps it so under other flags too)
 inline float mul_no_contract(float a, float b) {
@@ -139,6 +135,38 @@ bool is_product_we_take(const tensor *op) {
   return x->ne[1] >= g_min_batch.load(std::memory_order_relaxed);
 }
 
+// A product's rows in chunks of kChunk, shared out to the threads in contiguous runs.
+constexpr int64_t kChunk = 16;
+struct rows_job {
+  rows_fn rows;
+  const uint8_t *w;
+  size_t w_stride;
+  int64_t m;
+  int nblocks;
+  const uint8_t *const *cols;
+  int64_t n;
+  float *dst;
+  size_t dst_col;
+  int64_t chunks;
+};
+
+void run_chunks(const rows_job &j, int64_t c0, int64_t c1) {
+  for (int64_t ch = c0; ch < c1; ++ch) {
+    const int64_t r0 = ch * kChunk;
+    const int64_t r1 = r0 + kChunk < j.m ? r0 + kChunk : j.m;
+    j.rows(j.w, j.w_stride, r0, r1, j.nblocks, j.cols, j.n, j.dst, j.dst_col);
+  }
+}
+
+// Runs in each thread of the team. The team is ggml's own: the same OpenMP runtime as its
+// CPU backend (found in the process, not linked), so no second pool of threads spins against
+// it on the same cores.
+void team_member(void *p) {
+  const rows_job &j = *static_cast<const rows_job *>(p);
+  const int64_t t = g_api.omp_get_thread_num(), nt = g_api.omp_get_num_threads();
+  run_chunks(j, j.chunks * t / nt, j.chunks * (t + 1) / nt);
+}
+
 struct backend_state {
   std::vector<uint8_t> quantized;  // the tokens in Q8_0, the format ggml's one-token kernel reads
   std::vector<const uint8_t *> cols;
@@ -160,18 +188,13 @@ int32_t mul_mat(backend_state &st, tensor *op) {
     quantize(src, st.quantized.data() + c * qrow, k);
     st.cols[static_cast<size_t>(c)] = st.quantized.data() + c * qrow;
   }
-  const uint8_t *wd = static_cast<const uint8_t *>(w->data);
-  float *dst = static_cast<float *>(op->data);
-  const size_t dst_col = op->nb[1] / sizeof(float);
-  const uint8_t *const *cols = st.cols.data();
-  constexpr int64_t kChunk = 16;
-  const int64_t chunks = (m + kChunk - 1) / kChunk;
+  rows_job job{kind.rows, static_cast<const uint8_t *>(w->data), w->nb[1], m, nblocks, st.cols.data(), n,
+               static_cast<float *>(op->data), op->nb[1] / sizeof(float), (m + kChunk - 1) / kChunk};
   const int threads = g_threads.load(std::memory_order_relaxed);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && chunks > 1)
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    const int64_t r0 = ch * kChunk;
-    const int64_t r1 = r0 + kChunk < m ? r0 + kChunk : m;
-    kind.rows(wd, w->nb[1], r0, r1, nblocks, cols, n, dst, dst_col);
+  if (threads > 1 && job.chunks > 1) {
+    g_api.gomp_parallel(team_member, &job, static_cast<unsigned>(threads), 0);
+  } else {
+    run_chunks(job, 0, job.chunks);
   }
   g_products.fetch_add(1, std::memory_order_relaxed);
   return STATUS_SUCCESS;
@@ -303,6 +326,9 @@ PYBIND11_MODULE(_exact_matmul, m) {
         g_api.graph_n_nodes = fn<int (*)(cgraph *)>(addrs, "ggml_graph_n_nodes");
         g_api.graph_node = fn<tensor *(*)(cgraph *, int)>(addrs, "ggml_graph_node");
         g_api.get_type_traits_cpu = fn<const type_traits_cpu *(*)(int32_t)>(addrs, "ggml_get_type_traits_cpu");
+        g_api.gomp_parallel = fn<void (*)(void (*)(void *), void *, unsigned, unsigned)>(addrs, "GOMP_parallel");
+        g_api.omp_get_thread_num = fn<int (*)()>(addrs, "omp_get_thread_num");
+        g_api.omp_get_num_threads = fn<int (*)()>(addrs, "omp_get_num_threads");
         device_i &di = g_device.iface;
         di = {};
         di.get_name = dev_name;

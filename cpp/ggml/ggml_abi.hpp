@@ -159,6 +159,10 @@ struct api {
   int (*graph_n_nodes)(cgraph *) = nullptr;
   tensor *(*graph_node)(cgraph *, int) = nullptr;
   const type_traits_cpu *(*get_type_traits_cpu)(int32_t) = nullptr;
+  // the OpenMP runtime (libgomp) that ggml's CPU backend runs its threads in
+  void (*gomp_parallel)(void (*)(void *), void *, unsigned, unsigned) = nullptr;
+  int (*omp_get_thread_num)() = nullptr;
+  int (*omp_get_num_threads)() = nullptr;
 };
 
 }  // namespace ggml_abi

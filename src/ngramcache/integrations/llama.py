@@ -89,7 +89,11 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     and ggml's tiled matmul is switched off for the process before the first model loads
     (``ngramcache.integrations.exactness``), so that a batch's logits equal single-token
     logits bit for bit and speculative output equals plain decoding (docs/exactness.md).
-    ``exact=False`` loads with llama-cpp-python's own defaults: faster on some models (the
+    Before the first context, ngramcache's own matrix products are registered with ggml for
+    the process (``ngramcache.integrations.llama_exact_matmul``; x86-64 with AVX2): each
+    token's sum is bit for bit what ggml's one-token kernel gives, but a batch decodes each
+    weight block once, so verifying a draft costs far less; ``NGRAMCACHE_EXACT_MATMUL=0``
+    leaves every product to ggml. ``exact=False`` loads with llama-cpp-python's own defaults: faster on some models (the
     costs are in docs/exactness.md), with output that can leave plain decoding's after a
     near tie.
 

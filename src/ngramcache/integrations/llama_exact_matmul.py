@@ -128,6 +128,11 @@ def _install(n_threads: int) -> str:
     if not _layout_matches(_exact_matmul, base):
         return "unavailable: ggml's tensor layout differs"
 
+    try:  # ggml's threads: the OpenMP runtime its CPU backend was linked with
+        gomp = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return "unavailable: llama-cpp-python's ggml does not run its threads with libgomp"
+
     def addr(lib, name: str) -> int:
         return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
 
@@ -138,6 +143,9 @@ def _install(n_threads: int) -> str:
         "ggml_graph_n_nodes": addr(base, "ggml_graph_n_nodes"),
         "ggml_graph_node": addr(base, "ggml_graph_node"),
         "ggml_get_type_traits_cpu": addr(cpu, "ggml_get_type_traits_cpu"),
+        "GOMP_parallel": addr(gomp, "GOMP_parallel"),
+        "omp_get_thread_num": addr(gomp, "omp_get_thread_num"),
+        "omp_get_num_threads": addr(gomp, "omp_get_num_threads"),
     }
     _exact_matmul.register_backend(addresses, n_threads)
     return "on"
