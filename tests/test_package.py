@@ -173,8 +173,9 @@ def test_release_sdist_holds_what_a_build_needs_and_no_bulk(release):
     for name in ("pyproject.toml", "CMakeLists.txt", "README.md", "cpp/bind/module.cpp", "src/ngramcache/__init__.py",
                  "src/ngramcache/_core.pyi", "src/ngramcache/py.typed", "src/ngramcache/data/chat.html"):
         assert name in members, name
-    # every header the binding includes, and those they include, down to the last one
-    wanted, seen = [name for name in members if name.startswith("cpp/bind/") and name.endswith(".cpp")], set()
+    # every header the binding and the exact products include, and those they include, down to the last one
+    wanted, seen = [name for name in members if name.startswith(("cpp/bind/", "cpp/ggml/")) and name.endswith(".cpp")], set()
+    assert "cpp/ggml/exact_matmul.cpp" in wanted
     assert len(wanted) > 1, wanted
     while wanted:
         source = wanted.pop()
