@@ -13,7 +13,8 @@ from ngramcache.drafters import CopyDrafter, Drafter, DraftStats, LookupDrafter,
 from ngramcache.decoding.gate import Gate, GatedDrafter, GateSettings
 from ngramcache.decoding.loop import PromptCache
 from ngramcache.static_table import StaticTable
-from ngramcache.replays import ReplayStats, replay
+from ngramcache.replay_stats import ReplayStats
+from ngramcache.replays import replay
 from ngramcache.drafters.suffix import SuffixDrafter, SuffixStore
 from ngramcache.drafters.llama_ngram import NgramMapDrafter, NgramModDrafter, NgramSimpleDrafter
 
