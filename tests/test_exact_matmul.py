@@ -169,8 +169,11 @@ def test_environment_keeps_it_out():
     code = ("import ngramcache.llama as nl; from ngramcache.integrations import llama_exact_matmul as m, exactness; "
             "from ngramcache import _exact_matmul as e; llm = nl.make_llama(%r, n_ctx=512, prompt_layout=False); "
             "llm.eval(llm.tokenize(b'one two three four five six')); "
-            "print(m.state(), e.products(), m.DESCRIPTION in exactness.configuration(llm))") % _model_path("gemma")
+            "print(m.state(), e.products(), m.DESCRIPTION in exactness.configuration(llm), m.products_by()); "
+            "print(exactness.configuration(llm))") % _model_path("gemma")
     env = dict(os.environ, NGRAMCACHE_EXACT_MATMUL="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["off", "0", "False"]
+    first, said = out.stdout.splitlines()[:2]
+    assert first.split() == ["off", "0", "False", "ggml"]
+    assert "weight products in ggml's one-token kernel (ngramcache's: off)" in said

@@ -210,8 +210,11 @@ def configuration(llm) -> str:
         "tiled matmul " + {"off": "off", "on": "on", "unsure": "maybe on"}[tiled]])
     from ngramcache.integrations import llama_exact_matmul
 
-    if llama_exact_matmul.state() == "on":
+    matmul = llama_exact_matmul.state()
+    if matmul == "on":
         kernels += ", " + llama_exact_matmul.DESCRIPTION
+    elif matmul is not None:  # said, so that a user sees why verification costs more
+        kernels += f", weight products in ggml's one-token kernel (ngramcache's: {matmul})"
     layout = getattr(llm, "_ngramcache_prompt_layout", None)
     if layout is None:
         prompts = "prompts through the same kernels"
@@ -384,13 +387,13 @@ def _store_key(llm, tiled: str) -> str:
     return "|".join([_STORE_VERSION, path, str(st.st_size), str(st.st_mtime_ns), b["llama_cpp_python"], b["libraries"],
                      f"t{s['n_threads']}", f"tb{s['n_threads_batch']}", f"repack{int(s['weight_repacking'])}",
                      f"tiled-{tiled}", f"fa{int(s['flash_attn'])}", f"k{cp.type_k}v{cp.type_v}",
-                     f"matmul-{_matmul_state()}"])
+                     f"matmul-{_matmul_by()}"])
 
 
-def _matmul_state() -> str:
+def _matmul_by() -> str:
     from ngramcache.integrations import llama_exact_matmul
 
-    return "ngramcache" if llama_exact_matmul.state() == "on" else "ggml"
+    return llama_exact_matmul.products_by()
 
 
 def _read_store(path: str) -> dict:

@@ -93,9 +93,9 @@ def make_llama(model_path=None, drafter=None, *, n_ctx: int = 4096, n_batch: int
     the process (``ngramcache.integrations.llama_exact_matmul``; x86-64 with AVX2): each
     token's sum is bit for bit what ggml's one-token kernel gives, but a batch decodes each
     weight block once, so verifying a draft costs far less; ``NGRAMCACHE_EXACT_MATMUL=0``
-    leaves every product to ggml. ``exact=False`` loads with llama-cpp-python's own defaults: faster on some models (the
-    costs are in docs/exactness.md), with output that can leave plain decoding's after a
-    near tie.
+    leaves every product to ggml. ``exact=False`` loads with llama-cpp-python's own
+    defaults (the costs are in docs/exactness.md), with output that can leave plain
+    decoding's after a near tie.
 
     Prompt layout (``prompt_layout``; exact models without a drafter): prompts of at least
     ``MIN_PROMPT_TOKENS`` tokens may run through faster kernels that are not batch invariant,

@@ -35,8 +35,7 @@ def _build(weight_repacking: bool) -> str:
     from ngramcache.integrations import llama_exact_matmul
 
     tiled = os.environ.get(TILED_MM_ENV, "default")
-    # ngramcache's own products change every cost
-    matmul = "ngramcache" if llama_exact_matmul.state() == "on" else "ggml"
+    matmul = llama_exact_matmul.products_by()  # ngramcache's own products change every cost
     return (f"llama-cpp-python {info['llama_cpp_python']}|lib {libraries}|repack {int(weight_repacking)}|tiled {tiled}"
             f"|matmul {matmul}")
 

@@ -3,15 +3,16 @@
 On the exact build, llama.cpp verifies a draft of k tokens with its one-token dot product,
 k times over, decoding every weight block again for each token. ngramcache's compiled
 ``_exact_matmul`` module registers a ggml accelerator backend that takes the products of
-Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS weights, decodes each weight block once for up to four
-tokens, and sums every token through exactly the operations of ggml's one-token kernel,
+Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS weights, decodes each
+weight block once for up to four tokens, and sums every token through exactly the operations of ggml's one-token kernel,
 in the same order: each row of a batch is bit for bit the row one token gets
 (docs/exactness.md, "Batched products in ngramcache's own kernels").
 
 ggml's scheduler offers each product to the registered backends before the CPU backend, so
 once registered (once per process, before a context is created) the backend serves every
 ``Llama`` of this process. Every other operation stays with ggml's CPU backend. Single tokens
-come here too: their sums are ggml's bit for bit, computed faster. ``NGRAMCACHE_EXACT_MATMUL=0`` in the environment keeps it out.
+come here too: their sums are ggml's bit for bit, computed faster.
+``NGRAMCACHE_EXACT_MATMUL=0`` in the environment keeps it out.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ ENV = "NGRAMCACHE_EXACT_MATMUL"
 LLAMA_CPP_VERSION = "0.3.36"
 
 # How ``configuration()`` and ``check-exact`` name it
-DESCRIPTION = "batched products of Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS weights in ngramcache's exact kernels"
+DESCRIPTION = ("batched products of Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS "
+               "weights in ngramcache's exact kernels")
 
 _lock = threading.Lock()
 _state: str | None = None
@@ -100,6 +102,12 @@ def install(n_threads: int) -> str:
 def state() -> str | None:
     """What :func:`install` answered in this process, or None before it was called."""
     return _state
+
+
+def products_by() -> str:
+    """Who computes the weight products in this process: ``"ngramcache"`` or ``"ggml"`` (a
+    part of every stored cost and exactness answer: they change with it)."""
+    return "ngramcache" if _state == "on" else "ggml"
 
 
 def _install(n_threads: int) -> str:
